@@ -1,0 +1,39 @@
+"""FindCoordinator (10): this broker coordinates every group (and, later, every transaction)."""
+
+from __future__ import annotations
+
+from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
+
+from ..core import NODE_ID
+from .registry import api
+
+GROUP_KEY_TYPE = 0
+INVALID_REQUEST = 42
+COORDINATOR_NOT_AVAILABLE = 15
+
+SUPPORTED_KEY_TYPES = {GROUP_KEY_TYPE}
+
+
+@api(FindCoordinatorRequest, FindCoordinatorResponse, 0, 4)
+async def handle(broker, context, request):
+    key_type = request.key_type if context.version >= 1 else GROUP_KEY_TYPE
+    if key_type in SUPPORTED_KEY_TYPES:
+        error, message = 0, None
+    elif key_type == 1:
+        error, message = COORDINATOR_NOT_AVAILABLE, "transactions are not supported by this broker yet"
+    else:
+        error, message = INVALID_REQUEST, f"unknown coordinator key type {key_type}"
+    host, port = broker.advertised_host, broker.advertised_port
+    node = NODE_ID if error == 0 else -1
+    if context.version >= 4:
+        return FindCoordinatorResponse(
+            throttle_time_ms=0,
+            coordinators=[
+                FindCoordinatorResponse.Coordinator(key=key, node_id=node, host=host if node >= 0 else "",
+                                                    port=port if node >= 0 else -1, error_code=error,
+                                                    error_message=message)
+                for key in request.coordinator_keys
+            ],
+        )
+    return FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message, node_id=node,
+                                   host=host if node >= 0 else "", port=port if node >= 0 else -1)

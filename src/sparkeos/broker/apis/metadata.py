@@ -1,0 +1,68 @@
+"""Metadata (3): one broker, every partition led by it; unknown topics auto-created if allowed."""
+
+from __future__ import annotations
+
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+from ..core import CLUSTER_ID, NODE_ID
+from ..storage.topics import InvalidTopic, Topic
+from .registry import api
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_EPOCH = 0
+
+Broker_ = MetadataResponse.MetadataResponseBroker
+Topic_ = MetadataResponse.MetadataResponseTopic
+Partition_ = Topic_.MetadataResponsePartition
+
+
+def _describe(topic: Topic) -> Topic_:
+    return Topic_(
+        error_code=0,
+        name=topic.name,
+        topic_id=topic.topic_id,
+        is_internal=topic.internal,
+        partitions=[
+            Partition_(
+                error_code=0,
+                partition_index=i,
+                leader_id=NODE_ID,
+                leader_epoch=LEADER_EPOCH,
+                replica_nodes=[NODE_ID],
+                isr_nodes=[NODE_ID],
+                offline_replicas=[],
+            )
+            for i in range(len(topic.partitions))
+        ],
+    )
+
+
+@api(MetadataRequest, MetadataResponse, 0, 12)
+async def handle(broker, context, request):
+    topics: list[Topic_] = []
+    if request.topics is None or (context.version == 0 and not request.topics):
+        topics = [_describe(t) for t in broker.store.topics.values()]
+    else:
+        # v4+ lets the client ask not to auto-create; before v4 Kafka always allowed it.
+        allow = request.allow_auto_topic_creation if context.version >= 4 else True
+        for wanted in request.topics:
+            name = wanted.name
+            if name is None and getattr(wanted, "topic_id", None) is not None:
+                found = broker.store.by_id(wanted.topic_id)
+                name = found.name if found else None
+            try:
+                topic = broker.topic_for_produce_or_metadata(name, allow_auto_create=allow) if name else None
+            except InvalidTopic:
+                topics.append(Topic_(error_code=InvalidTopic.error_code, name=name, partitions=[]))
+                continue
+            if topic is None:
+                topics.append(Topic_(error_code=UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]))
+            else:
+                topics.append(_describe(topic))
+    return MetadataResponse(
+        throttle_time_ms=0,
+        brokers=[Broker_(node_id=NODE_ID, host=broker.advertised_host, port=broker.advertised_port, rack=None)],
+        cluster_id=CLUSTER_ID,
+        controller_id=NODE_ID,
+        topics=topics,
+    )

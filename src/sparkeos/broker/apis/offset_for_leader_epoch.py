@@ -1,0 +1,35 @@
+"""OffsetForLeaderEpoch (23): clients validate their position after metadata changes."""
+
+from __future__ import annotations
+
+from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
+
+from .leader_epoch import LEADER_EPOCH, leader_epoch_error
+from .registry import api
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+TopicResult = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult
+EpochEndOffset = TopicResult.EpochEndOffset
+
+
+@api(OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, 2, 4)
+async def handle(broker, context, request):
+    topics = []
+    for topic in request.topics:
+        results = []
+        for wanted in topic.partitions:
+            partition_log = broker.partition(topic.topic, wanted.partition)
+            error = UNKNOWN_TOPIC_OR_PARTITION if partition_log is None else leader_epoch_error(
+                wanted.current_leader_epoch)
+            if error:
+                results.append(EpochEndOffset(error_code=error, partition=wanted.partition))
+            elif wanted.leader_epoch > LEADER_EPOCH:
+                results.append(EpochEndOffset(error_code=0, partition=wanted.partition, leader_epoch=-1,
+                                              end_offset=-1))
+            else:
+                # Every epoch up to ours ends where the log ends: there was only ever one leader.
+                results.append(EpochEndOffset(error_code=0, partition=wanted.partition, leader_epoch=LEADER_EPOCH,
+                                              end_offset=partition_log.log_end_offset))
+        topics.append(TopicResult(topic=topic.topic, partitions=results))
+    return OffsetForLeaderEpochResponse(throttle_time_ms=0, topics=topics)

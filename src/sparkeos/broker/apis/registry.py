@@ -1,0 +1,56 @@
+"""The table of Kafka APIs the broker implements: one module per API registers itself here."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..core import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    api_key: int
+    version: int
+    correlation_id: int
+    client_id: str | None
+    peer: str
+
+
+Handler = Callable[["Broker", RequestContext, Any], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class Api:
+    key: int
+    request: type
+    response: type
+    min_version: int
+    max_version: int
+    handler: Handler
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+    def request_is_flexible(self, version: int) -> bool:
+        return self.request.flexible_version_q(version)
+
+    def response_is_flexible(self, version: int) -> bool:
+        return self.response.flexible_version_q(version)
+
+
+APIS: dict[int, Api] = {}
+
+
+def api(request: type, response: type, min_version: int, max_version: int):
+    """Register a handler; the versions are exactly what ApiVersions advertises."""
+
+    def register(handler: Handler) -> Handler:
+        if request.API_KEY in APIS:
+            raise RuntimeError(f"API key {request.API_KEY} registered twice")
+        APIS[request.API_KEY] = Api(request.API_KEY, request, response, min_version, max_version, handler)
+        return handler
+
+    return register

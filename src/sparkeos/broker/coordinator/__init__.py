@@ -1,0 +1,1 @@
+"""Coordinators (groups, producer ids): broker state machines that know nothing of sockets."""

@@ -1,0 +1,177 @@
+"""The broker's state shared by every API handler: storage, coordinators, waiters, durability.
+
+Nothing here knows about sockets; `server.py` feeds decoded requests to the API modules,
+which act on a `Broker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .coordinator.groups import GroupCoordinator
+from .coordinator.producer_ids import ProducerIdManager
+from .records import ATTR_TRANSACTIONAL, InvalidBatch
+from .storage.log import PartitionLog
+from .storage.topics import InvalidTopic, Topic, TopicStore, validate_topic_name
+
+log = logging.getLogger("sparkeos.broker")
+
+NODE_ID = 0
+CLUSTER_ID = "sparkeos-embedded-cluster"
+HOUSEKEEPING_INTERVAL_S = 1.0
+INVALID_TXN_STATE = 48
+
+
+@dataclass
+class BrokerConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 9092
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    fsync: str = "always"  # "always": sync before acks=-1 is answered; "interval": every fsync_interval_ms
+    fsync_interval_ms: int = 1000
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    max_request_bytes: int = 100 * 1024 * 1024
+    group_initial_rebalance_delay_ms: int = 0
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    offsets_retention_minutes: int = 10080
+    topic_defaults: dict[str, str] = field(default_factory=dict)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        data_dir = Path(config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = TopicStore(data_dir / "topics", config.topic_defaults)
+        self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
+        self.groups = GroupCoordinator(data_dir / "groups", config)
+        self.started_ms = int(time.time() * 1000)
+        self._append_waiters: set[asyncio.Future[None]] = set()
+        self._sync_locks: dict[int, asyncio.Lock] = {}
+        self._synced_to: dict[int, int] = {}
+        self._sync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
+        self._housekeeping: asyncio.Task | None = None
+
+    # -- addresses ---------------------------------------------------------------------------
+
+    @property
+    def advertised_host(self) -> str:
+        return self.config.advertised_host or self.config.host
+
+    @property
+    def advertised_port(self) -> int:
+        return self.config.advertised_port or self.config.port
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def topic_for_produce_or_metadata(self, name: str, allow_auto_create: bool = True) -> Topic | None:
+        """The topic, auto-created when the broker allows it (raises InvalidTopic on bad names)."""
+        topic = self.store.get(name)
+        if topic is None and allow_auto_create and self.config.auto_create_topics:
+            validate_topic_name(name)
+            topic = self.store.create(name, self.config.num_partitions)
+            log.info("auto-created topic %s with %d partitions", name, self.config.num_partitions)
+        return topic
+
+    def check_transactional_produce(self, request, topic: str, partition: int, records) -> None:
+        """Transactional batches need a transaction that added this partition first (KIP-890)."""
+        if len(records) > 21 and records[22] & ATTR_TRANSACTIONAL:
+            raise InvalidBatch(
+                INVALID_TXN_STATE, f"transactional produce to {topic}-{partition} outside a transaction"
+            )
+
+    def last_stable_offset(self, topic: str, partition: int, partition_log: PartitionLog) -> int:
+        """Without open transactions every replicated record is stable."""
+        return partition_log.high_watermark
+
+    def aborted_transactions(self, topic: str, partition: int, fetch_offset: int, records: bytes) -> list:
+        """Aborted transactions overlapping a read_committed fetch: none without transactions."""
+        return []
+
+    def partition(self, topic: str, partition: int) -> PartitionLog | None:
+        return self.store.partition(topic, partition)
+
+    # -- waiting for data --------------------------------------------------------------------
+
+    def notify_appended(self) -> None:
+        waiters, self._append_waiters = self._append_waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for_append(self, timeout: float) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._append_waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._append_waiters.discard(waiter)
+
+    # -- durability --------------------------------------------------------------------------
+
+    async def make_durable(self, partition_log: PartitionLog) -> None:
+        """fsync the partition before an acks=-1 answer; concurrent callers share one fsync."""
+        if self.config.fsync != "always":
+            return
+        key = id(partition_log)
+        target = partition_log.log_end_offset
+        lock = self._sync_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if self._synced_to.get(key, -1) >= target:
+                return
+            loop = asyncio.get_running_loop()
+            self._synced_to[key] = await loop.run_in_executor(self._sync_pool, partition_log.sync)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start_background(self) -> None:
+        self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
+
+    async def _housekeep(self) -> None:
+        last_sync = time.monotonic()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S if self.config.fsync == "always"
+                                else min(HOUSEKEEPING_INTERVAL_S, self.config.fsync_interval_ms / 1000))
+            try:
+                now_ms = int(time.time() * 1000)
+                for topic in list(self.store.topics.values()):
+                    for partition_log in topic.partitions:
+                        partition_log.apply_retention(now_ms)
+                self.groups.expire(now_ms)
+                if self.config.fsync == "interval" and (
+                    time.monotonic() - last_sync >= self.config.fsync_interval_ms / 1000
+                ):
+                    last_sync = time.monotonic()
+                    await self._sync_all()
+            except Exception:  # housekeeping must never stop serving
+                log.exception("housekeeping failed")
+
+    async def _sync_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        logs = [p for t in list(self.store.topics.values()) for p in t.partitions]
+        await loop.run_in_executor(self._sync_pool, lambda: [p.sync() for p in logs])
+
+    async def close(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            try:
+                await self._housekeeping
+            except asyncio.CancelledError:
+                pass
+        self._sync_pool.shutdown(wait=True)
+        self.groups.close()
+        self.store.close()
+
+
+__all__ = ["Broker", "BrokerConfig", "InvalidTopic", "NODE_ID", "CLUSTER_ID"]

@@ -1,0 +1,218 @@
+"""Record batches (magic 2) as bytes: header fields, validation, and the broker's rewrites.
+
+The broker stores batches exactly as the producer sent them. The only bytes it rewrites are
+those Kafka's broker rewrites: baseOffset, partitionLeaderEpoch, and for LogAppendTime
+topics maxTimestamp plus the timestamp-type bit (which changes the CRC).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import crc32c
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes not counted in batchLength
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+NO_PRODUCER_ID = -1
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+
+
+class InvalidBatch(Exception):
+    """A batch Kafka would refuse; `error_code` is the code it answers with."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@dataclass(slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def last_sequence(self) -> int:
+        return _add_sequence(self.base_sequence, self.last_offset_delta)
+
+
+def _add_sequence(sequence: int, delta: int) -> int:
+    """Sequences wrap at INT32_MAX back to 0."""
+    return (sequence + delta) % (2**31)
+
+
+def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def crc_of(batch: bytes | memoryview) -> int:
+    return crc32c.crc32c(batch[21:])
+
+
+# Kafka's error codes for bad produce input.
+CORRUPT_MESSAGE = 2
+INVALID_RECORD = 87
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+INVALID_TIMESTAMP = 32
+
+
+def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memoryview]]:
+    """Split a produce request's records into validated batches, or raise InvalidBatch."""
+    view = memoryview(records)
+    batches: list[tuple[BatchHeader, memoryview]] = []
+    pos = 0
+    end = len(view)
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise InvalidBatch(CORRUPT_MESSAGE, "truncated record batch header")
+        magic = view[pos + 16]
+        if magic != 2:
+            raise InvalidBatch(UNSUPPORTED_FOR_MESSAGE_FORMAT, f"record batch magic {magic} is not 2")
+        header = parse_header(view, pos)
+        size = header.size
+        if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + size > end:
+            raise InvalidBatch(CORRUPT_MESSAGE, "record batch length exceeds the request")
+        batch = view[pos : pos + size]
+        if crc_of(batch) != header.crc:
+            raise InvalidBatch(CORRUPT_MESSAGE, "record batch CRC-32C mismatch")
+        if header.records_count <= 0 or header.last_offset_delta != header.records_count - 1:
+            raise InvalidBatch(INVALID_RECORD, "lastOffsetDelta does not match the record count")
+        if header.is_control:
+            raise InvalidBatch(INVALID_RECORD, "clients may not produce control batches")
+        batches.append((header, batch))
+        pos += size
+    if not batches:
+        raise InvalidBatch(CORRUPT_MESSAGE, "no record batch in the request")
+    return batches
+
+
+def stamp_batch(
+    batch: memoryview, base_offset: int, leader_epoch: int, log_append_time: int | None
+) -> bytearray:
+    """Copy a batch with the fields the broker owns rewritten."""
+    out = bytearray(batch)
+    _INT64.pack_into(out, 0, base_offset)
+    _INT32.pack_into(out, 12, leader_epoch)
+    if log_append_time is not None:
+        attributes = struct.unpack_from(">h", out, 21)[0] | ATTR_TIMESTAMP_TYPE
+        struct.pack_into(">h", out, 21, attributes)
+        _INT64.pack_into(out, 35, log_append_time)
+        struct.pack_into(">I", out, 17, crc32c.crc32c(memoryview(out)[21:]))
+    return out
+
+
+def build_control_batch(
+    base_offset: int,
+    producer_id: int,
+    producer_epoch: int,
+    control_type: int,
+    coordinator_epoch: int,
+    timestamp_ms: int,
+    leader_epoch: int = 0,
+) -> bytes:
+    """One transaction marker (COMMIT or ABORT), laid out as Kafka writes it."""
+    key = struct.pack(">hh", 0, control_type)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    record_body = (
+        b"\x00"  # record attributes
+        + _varint(0)  # timestamp delta
+        + _varint(0)  # offset delta
+        + _varint(len(key))
+        + key
+        + _varint(len(value))
+        + value
+        + _varint(0)  # header count
+    )
+    record = _varint(len(record_body)) + record_body
+    attributes = ATTR_TRANSACTIONAL | ATTR_CONTROL
+    after_crc = struct.pack(
+        ">hiqqqhii", attributes, 0, timestamp_ms, timestamp_ms, producer_id, producer_epoch, -1, 1
+    ) + record
+    crc = crc32c.crc32c(after_crc)
+    batch_length = 4 + 1 + 4 + len(after_crc)
+    return struct.pack(">qiibI", base_offset, batch_length, leader_epoch, 2, crc) + after_crc
+
+
+def control_type_of(batch: bytes | memoryview) -> int:
+    """The marker type of a control batch: its single record's key is (version, type)."""
+    pos = HEADER_SIZE
+    _, pos = _read_varint(batch, pos)  # record length
+    pos += 1  # attributes
+    _, pos = _read_varint(batch, pos)  # timestamp delta
+    _, pos = _read_varint(batch, pos)  # offset delta
+    key_len, pos = _read_varint(batch, pos)
+    if key_len < 4:
+        raise InvalidBatch(CORRUPT_MESSAGE, "control record key too short")
+    return struct.unpack_from(">h", batch, pos + 2)[0]
+
+
+def _varint(value: int) -> bytes:
+    encoded = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = encoded & 0x7F
+        encoded >>= 7
+        if encoded:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    shift = 0
+    raw = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    return (raw >> 1) ^ -(raw & 1), pos

@@ -1,0 +1,1 @@
+"""Storage: partition logs, segments, producer state and topic metadata; no networking here."""

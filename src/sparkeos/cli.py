@@ -1,0 +1,104 @@
+"""The `sparkeos` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .broker.core import Broker, BrokerConfig
+from .broker.embedded import READY_PREFIX
+from .broker.server import BrokerServer
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port in {value!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"port in {value!r} is out of range")
+    return host.strip("[]"), number
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return number
+
+
+def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("broker", help="run the embedded Kafka-protocol broker")
+    parser.add_argument("--data-dir", required=True, type=Path, help="where logs and broker state live")
+    parser.add_argument("--listen", type=_host_port, default=("127.0.0.1", 9092),
+                        help="HOST:PORT to accept connections on (port 0 picks a free port)")
+    parser.add_argument("--advertised-listener", type=_host_port, default=None,
+                        help="HOST:PORT that clients are told to connect to (default: the listen address)")
+    parser.add_argument("--fsync", choices=["always", "interval"], default="always",
+                        help="'always' syncs to disk before acknowledging acks=all; 'interval' every second")
+    parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=True,
+                        help="create unknown topics on metadata requests and produce (auto.create.topics.enable)")
+    parser.add_argument("--num-partitions", type=_positive, default=1,
+                        help="partitions of auto-created topics (num.partitions)")
+    parser.add_argument("--socket-request-max-bytes", type=_positive, default=100 * 1024 * 1024,
+                        help="largest request accepted (socket.request.max.bytes)")
+    parser.add_argument("--offsets-retention-minutes", type=_positive, default=10080,
+                        help="how long committed offsets of empty groups are kept (offsets.retention.minutes)")
+    parser.add_argument("--group-initial-rebalance-delay-ms", type=int, default=0,
+                        help="wait for more members before the first rebalance of a new group")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level for the broker (stderr)")
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = args.listen
+    advertised_host, advertised_port = args.advertised_listener or (None, None)
+    config = BrokerConfig(
+        data_dir=args.data_dir,
+        host=host,
+        port=port,
+        advertised_host=advertised_host,
+        advertised_port=advertised_port,
+        fsync=args.fsync,
+        auto_create_topics=args.auto_create_topics,
+        num_partitions=args.num_partitions,
+        max_request_bytes=args.socket_request_max_bytes,
+        offsets_retention_minutes=args.offsets_retention_minutes,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+    )
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: BrokerConfig) -> int:
+    broker = Broker(config)
+    server = BrokerServer(broker)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    host = config.advertised_host or config.host
+    port = config.advertised_port or config.port
+    print(f"{READY_PREFIX}{host}:{port}", flush=True)
+    await stop.wait()
+    await server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkeos", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_broker_parser(commands)
+    args = parser.parse_args(argv)
+    if args.command == "broker":
+        return run_broker(args)
+    parser.error(f"unknown command {args.command}")
+    return 2

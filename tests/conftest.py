@@ -1,0 +1,34 @@
+"""Shared fixtures: a real broker over real TCP for every test that needs one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkeos.broker import BrokerProcess, EmbeddedBroker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
+    """An in-process broker on a free port, with a fresh data dir."""
+    with EmbeddedBroker(tmp_path / "broker") as running:
+        yield running
+
+
+@pytest.fixture
+def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker in a child process, for tests that kill -9 and restart it."""
+    process = BrokerProcess(tmp_path / "broker")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+@pytest.fixture
+def topic_name() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
