@@ -74,7 +74,7 @@ def read_partition(broker, topic: str, wanted, read_committed: bool, budget: int
             upper = stable if read_committed else high_watermark
             # Kafka lets the first partition of a response exceed the limits by one batch,
             # so a consumer always makes progress.
-            records = partition_log.read(wanted.fetch_offset, max(limit, 1), upper)
+            records = partition_log.read(wanted.fetch_offset, max(limit, 1), upper, min_one=first)
             if read_committed:
                 aborted = broker.aborted_transactions(topic, index, wanted.fetch_offset, records)
         elif wanted.fetch_offset < partition_log.log_start_offset or (

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..records import BatchHeader, InvalidBatch, parse_header, split_batches, stamp_batch
+from ..records import INVALID_RECORD, BatchHeader, InvalidBatch, parse_header, split_batches, stamp_batch
 from .producer_state import ProducerStateTable
 from .segment import Segment, segment_path
 
@@ -68,7 +68,7 @@ class PartitionLog:
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log"))
         if not bases:
             bases = [self._read_log_start()]
-        recovered: list[BatchHeader] = []
+        recovered: list[list[BatchHeader]] = []
         for i, base in enumerate(bases):
             segment = Segment(segment_path(self.directory, base), base)
             if self.segments and segment.base_offset < self.segments[-1].next_offset:
@@ -76,10 +76,10 @@ class PartitionLog:
                 continue
             is_last = i == len(bases) - 1
             headers = segment.recover(verify_crc=is_last and not clean)
-            recovered.append(headers)  # type: ignore[arg-type]
+            recovered.append(headers)
             self.segments.append(segment)
         self.log_start_offset = max(self._read_log_start(), self.segments[0].base_offset)
-        self._rebuild_producer_state(recovered)  # type: ignore[arg-type]
+        self._rebuild_producer_state(recovered)
 
     def _read_log_start(self) -> int:
         try:
@@ -150,6 +150,8 @@ class PartitionLog:
         if len(records) > self.config.max_message_bytes + 12 * 1024:
             raise InvalidBatch(10, "record batch is larger than max.message.bytes")
         batches = split_batches(records)
+        if len(batches) != 1:
+            raise InvalidBatch(INVALID_RECORD, "a produce request must hold exactly one record batch per partition")
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         first = batches[0][0]
         if first.producer_id >= 0:
@@ -212,7 +214,7 @@ class PartitionLog:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None, min_one: bool = True) -> bytes:
         """Whole batches from the one holding `offset`, not reaching past `upper_bound`."""
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
@@ -225,8 +227,8 @@ class PartitionLog:
             max_position = None
             if limit < segment.next_offset:
                 max_position = segment.position_of(limit)
-            data = segment.read(offset, max_bytes, max_position)
-            if data:
+            data = segment.read(offset, max_bytes, max_position, min_one)
+            if data or segment.position_of(offset) is not None:
                 return data
             offset = segment.next_offset
         return b""

@@ -131,11 +131,12 @@ class Segment:
                 return position
         return None
 
-    def read(self, offset: int, max_bytes: int, max_position: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, max_position: int | None = None, min_one: bool = True) -> bytes:
         """Whole batches starting with the one holding `offset`, up to `max_bytes`.
 
-        The first batch is returned whole even when it is larger than `max_bytes`, as Kafka
-        does, so a consumer can always make progress.
+        With `min_one` the first batch is returned whole even when it is larger than
+        `max_bytes`, as Kafka does for the first partition of a fetch, so a consumer can
+        always make progress.
         """
         start = self.position_of(offset)
         end_limit = self.size if max_position is None else min(self.size, max_position)
@@ -143,7 +144,7 @@ class Segment:
             return b""
         data = os.pread(self.fd, min(max_bytes, end_limit - start), start)
         cut = _whole_batches_length(data)
-        if cut == 0:
+        if cut == 0 and min_one:
             first = parse_header(os.pread(self.fd, HEADER_SIZE, start))
             return os.pread(self.fd, first.size, start)
         return data[:cut]
