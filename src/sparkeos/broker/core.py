@@ -15,8 +15,9 @@ from pathlib import Path
 
 from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
-from .records import ATTR_TRANSACTIONAL, InvalidBatch
-from .storage.log import PartitionLog
+from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
+from .records import HEADER_SIZE, InvalidBatch, parse_header
+from .storage.log import AbortedTransaction, PartitionLog
 from .storage.topics import InvalidTopic, Topic, TopicStore, validate_topic_name
 
 log = logging.getLogger("sparkeos.broker")
@@ -25,6 +26,7 @@ NODE_ID = 0
 CLUSTER_ID = "sparkeos-embedded-cluster"
 HOUSEKEEPING_INTERVAL_S = 1.0
 INVALID_TXN_STATE = 48
+INVALID_PRODUCER_EPOCH = 47
 
 
 @dataclass
@@ -43,6 +45,8 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
     offsets_retention_minutes: int = 10080
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     topic_defaults: dict[str, str] = field(default_factory=dict)
 
 
@@ -54,6 +58,13 @@ class Broker:
         self.store = TopicStore(data_dir / "topics", config.topic_defaults)
         self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
         self.groups = GroupCoordinator(data_dir / "groups", config)
+        self.transactions = TransactionCoordinator(
+            data_dir / "transactions",
+            self.producer_ids,
+            self,
+            TransactionSettings(config.transaction_max_timeout_ms, config.transactional_id_expiration_ms),
+        )
+        self.transactions.recover(int(time.time() * 1000))
         self.started_ms = int(time.time() * 1000)
         self._append_waiters: set[asyncio.Future[None]] = set()
         self._sync_locks: dict[int, asyncio.Lock] = {}
@@ -83,19 +94,51 @@ class Broker:
         return topic
 
     def check_transactional_produce(self, request, topic: str, partition: int, records) -> None:
-        """Transactional batches need a transaction that added this partition first (KIP-890)."""
-        if len(records) > 21 and records[22] & ATTR_TRANSACTIONAL:
+        """Transactional batches need the transaction to have added this partition (KIP-890);
+        an idempotent write from a producer with an open transaction is refused."""
+        if len(records) < HEADER_SIZE:
+            return  # storage rejects it with the right error
+        header = parse_header(records)
+        if header.producer_id < 0:
+            return
+        txn = self.transactions.for_producer(header.producer_id)
+        if not header.is_transactional:
+            if txn is not None and txn.state == ONGOING:
+                raise InvalidBatch(INVALID_TXN_STATE, f"producer {header.producer_id} has an open transaction")
+            return
+        if txn is not None and header.producer_epoch < txn.producer_epoch:
+            raise InvalidBatch(INVALID_PRODUCER_EPOCH, f"producer {header.producer_id} epoch "
+                                                       f"{header.producer_epoch} has been fenced")
+        if txn is None or txn.state != ONGOING or (topic, partition) not in txn.partitions:
             raise InvalidBatch(
                 INVALID_TXN_STATE, f"transactional produce to {topic}-{partition} outside a transaction"
             )
 
     def last_stable_offset(self, topic: str, partition: int, partition_log: PartitionLog) -> int:
-        """Without open transactions every replicated record is stable."""
-        return partition_log.high_watermark
+        return partition_log.last_stable_offset
 
-    def aborted_transactions(self, topic: str, partition: int, fetch_offset: int, records: bytes) -> list:
-        """Aborted transactions overlapping a read_committed fetch: none without transactions."""
-        return []
+    def aborted_transactions(self, partition_log: PartitionLog, fetch_offset: int,
+                             records: bytes) -> list[AbortedTransaction]:
+        """Aborted transactions overlapping the records a read_committed fetch returns."""
+        if not records:
+            return []
+        return partition_log.aborted_between(fetch_offset, _end_offset_of(records))
+
+    # -- TransactionEffects --------------------------------------------------------------------
+
+    def partition_exists(self, topic: str, partition: int) -> bool:
+        return self.store.partition(topic, partition) is not None
+
+    def write_markers(self, partitions: list[tuple[str, int]], producer_id: int, producer_epoch: int,
+                      commit: bool) -> None:
+        for topic, index in partitions:
+            partition_log = self.store.partition(topic, index)
+            if partition_log is not None:  # a deleted topic needs no marker
+                partition_log.write_marker(producer_id, producer_epoch, commit)
+        self.notify_appended()
+
+    def complete_group_offsets(self, group: str, producer_id: int, commit: bool) -> None:
+        self.groups.complete_transaction(group, producer_id, commit)
 
     def partition(self, topic: str, partition: int) -> PartitionLog | None:
         return self.store.partition(topic, partition)
@@ -149,6 +192,7 @@ class Broker:
                     for partition_log in topic.partitions:
                         partition_log.apply_retention(now_ms)
                 self.groups.expire(now_ms)
+                self.transactions.expire(now_ms)
                 if self.config.fsync == "interval" and (
                     time.monotonic() - last_sync >= self.config.fsync_interval_ms / 1000
                 ):
@@ -171,7 +215,18 @@ class Broker:
                 pass
         self._sync_pool.shutdown(wait=True)
         self.groups.close()
+        self.transactions.close()
         self.store.close()
+
+
+def _end_offset_of(records: bytes) -> int:
+    """The offset after the last whole batch in a fetch's records."""
+    position = 0
+    last = None
+    while position + HEADER_SIZE <= len(records):
+        last = position
+        position += int.from_bytes(records[position + 8 : position + 12], "big") + 12
+    return parse_header(records, last).next_offset if last is not None else 0
 
 
 __all__ = ["Broker", "BrokerConfig", "InvalidTopic", "NODE_ID", "CLUSTER_ID"]

@@ -76,7 +76,10 @@ def read_partition(broker, topic: str, wanted, read_committed: bool, budget: int
             # so a consumer always makes progress.
             records = partition_log.read(wanted.fetch_offset, max(limit, 1), upper, min_one=first)
             if read_committed:
-                aborted = broker.aborted_transactions(topic, index, wanted.fetch_offset, records)
+                aborted = [
+                    PartitionData.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
+                    for a in broker.aborted_transactions(partition_log, wanted.fetch_offset, records)
+                ]
         elif wanted.fetch_offset < partition_log.log_start_offset or (
             wanted.fetch_offset > partition_log.log_end_offset
         ):

@@ -1,4 +1,4 @@
-"""FindCoordinator (10): this broker coordinates every group (and, later, every transaction)."""
+"""FindCoordinator (10): this broker coordinates every group and every transactional id."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from ..core import NODE_ID
 from .registry import api
 
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 INVALID_REQUEST = 42
-COORDINATOR_NOT_AVAILABLE = 15
 
-SUPPORTED_KEY_TYPES = {GROUP_KEY_TYPE}
+SUPPORTED_KEY_TYPES = {GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE}
 
 
 @api(FindCoordinatorRequest, FindCoordinatorResponse, 0, 4)
@@ -19,8 +19,6 @@ async def handle(broker, context, request):
     key_type = request.key_type if context.version >= 1 else GROUP_KEY_TYPE
     if key_type in SUPPORTED_KEY_TYPES:
         error, message = 0, None
-    elif key_type == 1:
-        error, message = COORDINATOR_NOT_AVAILABLE, "transactions are not supported by this broker yet"
     else:
         error, message = INVALID_REQUEST, f"unknown coordinator key type {key_type}"
     host, port = broker.advertised_host, broker.advertised_port

@@ -1,22 +1,35 @@
-"""InitProducerId (22) for idempotent producers: a fresh producer id at epoch 0.
-
-Transactional ids are the transaction coordinator's business; until it exists they are
-refused with the error Kafka gives a broker that has no coordinator for them.
-"""
+"""InitProducerId (22): a fresh producer id for idempotent producers; for a transactional.id,
+the transaction coordinator's id and a bumped epoch that fences any older producer."""
 
 from __future__ import annotations
 
+import time
+
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
 
+from ..coordinator.transactions import INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, TransactionError
 from .registry import api
 
-COORDINATOR_NOT_AVAILABLE = 15
+
+def fenced_error(version: int, first_version_with_fenced: int) -> int:
+    """Older clients do not know PRODUCER_FENCED and get INVALID_PRODUCER_EPOCH instead."""
+    return PRODUCER_FENCED if version >= first_version_with_fenced else INVALID_PRODUCER_EPOCH
 
 
 @api(InitProducerIdRequest, InitProducerIdResponse, 0, 4)
 async def handle(broker, context, request):
-    if request.transactional_id:
-        return InitProducerIdResponse(throttle_time_ms=0, error_code=COORDINATOR_NOT_AVAILABLE,
-                                      producer_id=-1, producer_epoch=-1)
-    return InitProducerIdResponse(throttle_time_ms=0, error_code=0, producer_id=broker.producer_ids.next_id(),
-                                  producer_epoch=0)
+    if request.transactional_id is None:
+        return InitProducerIdResponse(throttle_time_ms=0, error_code=0, producer_id=broker.producer_ids.next_id(),
+                                      producer_epoch=0)
+    expected_pid = request.producer_id if context.version >= 3 else -1
+    expected_epoch = request.producer_epoch if context.version >= 3 else -1
+    try:
+        producer_id, epoch = broker.transactions.init_producer_id(
+            request.transactional_id, request.transaction_timeout_ms, expected_pid, expected_epoch,
+            int(time.time() * 1000), fenced_error=fenced_error(context.version, 4),
+        )
+    except TransactionError as exc:
+        return InitProducerIdResponse(throttle_time_ms=0, error_code=exc.error_code, producer_id=-1,
+                                      producer_epoch=-1)
+    broker.notify_appended()  # fencing may have aborted a transaction: stable offsets moved
+    return InitProducerIdResponse(throttle_time_ms=0, error_code=0, producer_id=producer_id, producer_epoch=epoch)

@@ -14,7 +14,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..records import INVALID_RECORD, BatchHeader, InvalidBatch, parse_header, split_batches, stamp_batch
+from ..records import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    INVALID_RECORD,
+    BatchHeader,
+    InvalidBatch,
+    build_control_batch,
+    parse_header,
+    split_batches,
+    stamp_batch,
+)
+from .journal import Journal
 from .producer_state import ProducerStateTable
 from .segment import Segment, segment_path
 
@@ -23,6 +34,7 @@ CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 3
+ABORTED_INDEX_FILE = "aborted-transactions.journal"
 
 OFFSET_OUT_OF_RANGE = 1
 
@@ -34,6 +46,13 @@ class LogConfig:
     retention_bytes: int = -1
     log_append_time: bool = False
     max_message_bytes: int = 1048588
+
+
+@dataclass(slots=True, frozen=True)
+class AbortedTransaction:
+    producer_id: int
+    first_offset: int
+    last_offset: int  # offset of the ABORT marker
 
 
 @dataclass(slots=True)
@@ -56,7 +75,9 @@ class PartitionLog:
         self.segments: list[Segment] = []
         self.producers = ProducerStateTable()
         self.log_start_offset = 0
+        self.aborted: list[AbortedTransaction] = []
         directory.mkdir(parents=True, exist_ok=True)
+        self._aborted_index = Journal(directory / ABORTED_INDEX_FILE)
         self._open()
 
     # -- opening and recovery ----------------------------------------------------------------
@@ -80,6 +101,17 @@ class PartitionLog:
             self.segments.append(segment)
         self.log_start_offset = max(self._read_log_start(), self.segments[0].base_offset)
         self._rebuild_producer_state(recovered)
+        self._load_aborted_index()
+
+    def _load_aborted_index(self) -> None:
+        # An entry whose marker never reached the log (crash in between) is dropped; the
+        # transaction coordinator writes that marker again on restart.
+        end = self.log_end_offset
+        self.aborted = [
+            AbortedTransaction(r["pid"], r["first"], r["last"])
+            for r in self._aborted_index.load()
+            if r["last"] < end
+        ]
 
     def _read_log_start(self) -> int:
         try:
@@ -138,6 +170,34 @@ class PartitionLog:
     def high_watermark(self) -> int:
         # A single replica: everything written is replicated.
         return self.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the earliest open transaction, else the high watermark."""
+        open_transactions = self.producers.open_transactions
+        if open_transactions:
+            return min(self.high_watermark, min(open_transactions.values()))
+        return self.high_watermark
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTransaction]:
+        """Aborted transactions overlapping offsets [start, end)."""
+        return [a for a in self.aborted if a.first_offset < end and a.last_offset >= start]
+
+    def write_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0,
+                     now_ms: int | None = None) -> int:
+        """Append a COMMIT or ABORT marker ending `producer_id`'s transaction; returns its offset."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        first_offset = self.producers.open_transactions.get(producer_id)
+        marker_offset = self.log_end_offset
+        if not commit and first_offset is not None:
+            # Indexed before the marker is written, so a reader never sees the marker without it.
+            self._aborted_index.append([{"pid": producer_id, "first": first_offset, "last": marker_offset}])
+            self.aborted.append(AbortedTransaction(producer_id, first_offset, marker_offset))
+        marker = build_control_batch(marker_offset, producer_id, producer_epoch,
+                                     CONTROL_COMMIT if commit else CONTROL_ABORT, coordinator_epoch, now_ms)
+        self.append_batches([marker], None, now_ms)
+        self.sync()
+        return marker_offset
 
     @property
     def size_bytes(self) -> int:
@@ -324,6 +384,7 @@ class PartitionLog:
     # -- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:
+        self._aborted_index.close()
         for segment in self.segments:
             segment.sync()
         end = self.log_end_offset
@@ -334,6 +395,7 @@ class PartitionLog:
         _fsync_directory(self.directory)
 
     def close_without_marker(self) -> None:
+        self._aborted_index.close()
         for segment in self.segments:
             segment.close()
 

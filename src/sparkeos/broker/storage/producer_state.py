@@ -64,6 +64,8 @@ class ProducerEntry:
 class ProducerStateTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        # producer id -> first offset of its open transaction on this partition
+        self.open_transactions: dict[int, int] = {}
 
     def check(self, header: BatchHeader) -> int | None:
         """Validate a batch before it is written.
@@ -106,21 +108,18 @@ class ProducerStateTable:
             entry = ProducerEntry(epoch=header.producer_epoch)
             entry.current_txn_first_offset = previous_txn
             self.producers[header.producer_id] = entry
-        if not header.is_control:
+        if header.is_control:
+            # A marker ends the producer's transaction on this partition.
+            entry.current_txn_first_offset = -1
+            self.open_transactions.pop(header.producer_id, None)
+        else:
             entry.batches.append(
                 CachedBatch(header.base_sequence, header.last_sequence, header.base_offset, header.last_offset)
             )
+            if header.is_transactional and entry.current_txn_first_offset < 0:
+                entry.current_txn_first_offset = header.base_offset
+                self.open_transactions[header.producer_id] = header.base_offset
         entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
-        return entry
-
-    def bump_epoch(self, producer_id: int, epoch: int) -> ProducerEntry:
-        """A marker written with a newer epoch resets the producer's sequence window."""
-        entry = self.producers.get(producer_id)
-        if entry is None or epoch > entry.epoch:
-            previous_txn = entry.current_txn_first_offset if entry else -1
-            entry = ProducerEntry(epoch=epoch)
-            entry.current_txn_first_offset = previous_txn
-            self.producers[producer_id] = entry
         return entry
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -143,4 +142,7 @@ class ProducerStateTable:
             return None
         table = ProducerStateTable()
         table.producers = {int(pid): ProducerEntry.from_json(e) for pid, e in data["producers"].items()}
+        table.open_transactions = {
+            pid: e.current_txn_first_offset for pid, e in table.producers.items() if e.current_txn_first_offset >= 0
+        }
         return data["offset"], table

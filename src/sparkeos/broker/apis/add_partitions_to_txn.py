@@ -1,0 +1,30 @@
+"""AddPartitionsToTxn (24), client versions 0-3: partitions join the producer's transaction."""
+
+from __future__ import annotations
+
+import time
+
+from kafka.protocol.producer import AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
+
+from .init_producer_id import fenced_error
+from .registry import api
+
+TopicResult = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
+PartitionResult = TopicResult.AddPartitionsToTxnPartitionResult
+
+
+@api(AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3)
+async def handle(broker, context, request):
+    wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
+    errors = broker.transactions.add_partitions(
+        request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
+        request.v3_and_below_producer_epoch, wanted, int(time.time() * 1000),
+        fenced_error=fenced_error(context.version, 2),
+    )
+    results = []
+    for topic in request.v3_and_below_topics:
+        results.append(TopicResult(name=topic.name, results_by_partition=[
+            PartitionResult(partition_index=p, partition_error_code=errors[(topic.name, p)])
+            for p in topic.partitions
+        ]))
+    return AddPartitionsToTxnResponse(throttle_time_ms=0, results_by_topic_v3_and_below=results)

@@ -1,0 +1,23 @@
+"""EndTxn (26): commit or abort; markers go to every partition before the answer."""
+
+from __future__ import annotations
+
+import time
+
+from kafka.protocol.producer import EndTxnRequest, EndTxnResponse
+
+from ..coordinator.transactions import TransactionError
+from .init_producer_id import fenced_error
+from .registry import api
+
+
+@api(EndTxnRequest, EndTxnResponse, 0, 3)
+async def handle(broker, context, request):
+    try:
+        broker.transactions.end_transaction(
+            request.transactional_id, request.producer_id, request.producer_epoch, request.committed,
+            int(time.time() * 1000), fenced_error=fenced_error(context.version, 2),
+        )
+    except TransactionError as exc:
+        return EndTxnResponse(throttle_time_ms=0, error_code=exc.error_code)
+    return EndTxnResponse(throttle_time_ms=0, error_code=0)
