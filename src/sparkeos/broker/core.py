@@ -45,6 +45,10 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
     offsets_retention_minutes: int = 10080
+    # Millisecond-level overrides of offsets.retention.minutes and offsets.retention.check.interval.ms
+    # (Kafka's default check interval is 10 minutes); small values make expiry testable.
+    offsets_retention_ms: int | None = None
+    offsets_retention_check_interval_ms: int = 600000
     transaction_max_timeout_ms: int = 900_000
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     topic_defaults: dict[str, str] = field(default_factory=dict)
@@ -64,13 +68,14 @@ class Broker:
             self,
             TransactionSettings(config.transaction_max_timeout_ms, config.transactional_id_expiration_ms),
         )
-        self.transactions.recover(int(time.time() * 1000))
         self.started_ms = int(time.time() * 1000)
         self._append_waiters: set[asyncio.Future[None]] = set()
         self._sync_locks: dict[int, asyncio.Lock] = {}
         self._synced_to: dict[int, int] = {}
         self._sync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
         self._housekeeping: asyncio.Task | None = None
+        # Transactions a crash left between their decision and their markers end now.
+        self.transactions.recover(int(time.time() * 1000))
 
     # -- addresses ---------------------------------------------------------------------------
 
