@@ -57,15 +57,16 @@ def read_partition(broker, topic: str, wanted, read_committed: bool, budget: int
     index = wanted.partition
     partition_log = broker.partition(topic, index)
     if partition_log is None:
+        # Kafka sends empty records, never null, with an error: librdkafka refuses a null set.
         return PartitionData(partition_index=index, error_code=UNKNOWN_TOPIC_OR_PARTITION, high_watermark=-1,
-                             records=None)
+                             records=b"")
     epoch_error = leader_epoch_error(getattr(wanted, "current_leader_epoch", -1))
     high_watermark = partition_log.high_watermark
     stable = broker.last_stable_offset(topic, index, partition_log)
     common = dict(partition_index=index, high_watermark=high_watermark, last_stable_offset=stable,
                   log_start_offset=partition_log.log_start_offset)
     if epoch_error:
-        return PartitionData(error_code=epoch_error, records=None, **common)
+        return PartitionData(error_code=epoch_error, records=b"", **common)
     limit = min(wanted.partition_max_bytes, budget)
     records = b""
     aborted = None
@@ -85,7 +86,7 @@ def read_partition(broker, topic: str, wanted, read_committed: bool, budget: int
         ):
             raise OffsetOutOfRange()
     except OffsetOutOfRange:
-        return PartitionData(error_code=OffsetOutOfRange.error_code, records=None, **common)
+        return PartitionData(error_code=OffsetOutOfRange.error_code, records=b"", **common)
     if read_committed and aborted is None:
         aborted = []
     return PartitionData(error_code=0, records=records, aborted_transactions=aborted, **common)

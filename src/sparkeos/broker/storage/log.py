@@ -17,6 +17,7 @@ from pathlib import Path
 from ..records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
+    HEADER_SIZE,
     INVALID_RECORD,
     BatchHeader,
     InvalidBatch,
@@ -322,7 +323,8 @@ class PartitionLog:
         for segment in self._segments_from(self.log_start_offset):
             if segment.max_timestamp < timestamp:
                 continue
-            for position, header in segment.iter_headers(segment.position_of(self.log_start_offset) or 0):
+            start = max(segment.position_of(self.log_start_offset) or 0, segment.timestamp_floor(timestamp))
+            for position, header in segment.iter_headers(start):
                 if header.max_timestamp < timestamp or header.is_control:
                     continue
                 batch = DefaultRecordBatch(segment.read_range(position, position + header.size))
@@ -335,12 +337,28 @@ class PartitionLog:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
         from kafka.record.default_records import DefaultRecordBatch
 
+        # Each segment knows its first batch with the largest timestamp, so only one batch is
+        # decoded rather than the whole log.
+        newest: Segment | None = None
+        for segment in self._segments_from(self.log_start_offset):
+            if segment.max_data_timestamp >= 0 and (
+                newest is None or segment.max_data_timestamp > newest.max_data_timestamp
+            ):
+                newest = segment
+        if newest is not None:
+            position = newest.max_data_timestamp_position
+            header = parse_header(newest.read_range(position, position + HEADER_SIZE))
+            if header.base_offset >= self.log_start_offset:
+                for record in DefaultRecordBatch(newest.read_range(position, position + header.size)):
+                    if record.timestamp == header.max_timestamp:
+                        return record.offset, record.timestamp
+        # Records below the log start offset may hold the maximum: scan what is still readable.
         best: tuple[int, int] | None = None
         for segment, position, header in self.iter_batches_from(self.log_start_offset):
             if header.is_control or (best is not None and header.max_timestamp <= best[1]):
                 continue
             for record in DefaultRecordBatch(segment.read_range(position, position + header.size)):
-                if best is None or record.timestamp > best[1]:
+                if record.offset >= self.log_start_offset and (best is None or record.timestamp > best[1]):
                     best = (record.offset, record.timestamp)
         return best
 

@@ -25,8 +25,14 @@ class Segment:
         self.size = 0
         self.next_offset = base_offset
         self.max_timestamp = -1
+        # The first data (non-control) batch holding the segment's largest data timestamp.
+        self.max_data_timestamp = -1
+        self.max_data_timestamp_position = -1
         self._index_offsets = array("q")
         self._index_positions = array("q")
+        # Largest timestamp of the batches before each index entry: a time index, so a
+        # timestamp lookup scans one index interval rather than the whole segment.
+        self._index_timestamps_before = array("q")
         self._bytes_since_index = INDEX_INTERVAL_BYTES
 
     # -- loading -----------------------------------------------------------------------------
@@ -77,11 +83,15 @@ class Segment:
         if self._bytes_since_index >= INDEX_INTERVAL_BYTES:
             self._index_offsets.append(header.base_offset)
             self._index_positions.append(position)
+            self._index_timestamps_before.append(self.max_timestamp)
             self._bytes_since_index = 0
         self._bytes_since_index += header.size
         self.next_offset = header.next_offset
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
+        if header.max_timestamp > self.max_data_timestamp and not header.is_control:
+            self.max_data_timestamp = header.max_timestamp
+            self.max_data_timestamp_position = position
 
     def sync(self) -> None:
         os.fsync(self.fd)
@@ -95,9 +105,12 @@ class Segment:
         os.fsync(self.fd)
         self._index_offsets = array("q")
         self._index_positions = array("q")
+        self._index_timestamps_before = array("q")
         self._bytes_since_index = INDEX_INTERVAL_BYTES
         self.next_offset = self.base_offset
         self.max_timestamp = -1
+        self.max_data_timestamp = -1
+        self.max_data_timestamp_position = -1
         self.recover(verify_crc=False)
 
     # -- reading -----------------------------------------------------------------------------
@@ -114,6 +127,20 @@ class Segment:
             else:
                 hi = mid - 1
         return self._index_positions[found] if offsets else 0
+
+    def timestamp_floor(self, timestamp: int) -> int:
+        """A position before which no batch has a timestamp >= `timestamp`."""
+        before = self._index_timestamps_before
+        lo, hi = 0, len(before) - 1
+        found = 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if before[mid] < timestamp:
+                found = mid
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        return self._index_positions[found] if before else 0
 
     def iter_headers(self, start_position: int = 0):
         position = start_position
