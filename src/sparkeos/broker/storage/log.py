@@ -382,22 +382,27 @@ class PartitionLog:
 
     def apply_retention(self, now_ms: int) -> bool:
         """Delete whole old segments by retention.ms / retention.bytes; True if any went."""
-        config = self.config
         deleted = False
-        while len(self.segments) > 1:
-            oldest = self.segments[0]
-            too_old = config.retention_ms >= 0 and oldest.max_timestamp >= 0 and (
-                now_ms - oldest.max_timestamp > config.retention_ms
-            )
-            too_big = config.retention_bytes >= 0 and self.size_bytes - oldest.size >= config.retention_bytes
-            if not (too_old or too_big):
-                break
+        while len(self.segments) > 1 and self._breaches_retention(self.segments[0], now_ms):
             self.segments.pop(0).delete()
             deleted = True
+        active = self.segments[-1]
+        if len(self.segments) == 1 and active.size > 0 and self._breaches_retention(active, now_ms):
+            # Kafka expires the active segment too. Rolling makes it an old segment that the
+            # next pass deletes; by then no fsync of it can still be running in the sync pool.
+            self.roll()
         if deleted and self.segments[0].base_offset > self.log_start_offset:
             self.log_start_offset = self.segments[0].base_offset
             self._write_log_start()
         return deleted
+
+    def _breaches_retention(self, segment: Segment, now_ms: int) -> bool:
+        config = self.config
+        too_old = config.retention_ms >= 0 and segment.max_timestamp >= 0 and (
+            now_ms - segment.max_timestamp > config.retention_ms
+        )
+        too_big = config.retention_bytes >= 0 and self.size_bytes - segment.size >= config.retention_bytes
+        return too_old or too_big
 
     # -- closing -----------------------------------------------------------------------------
 

@@ -205,7 +205,8 @@ class TopicStore:
         for p, log in enumerate(topic.partitions):
             log.close_without_marker()
             directory = self._partition_dir(name, p)
-            doomed = directory.with_name(directory.name + f".{topic.topic_id.hex}.deleted")
+            # Named by topic id: the topic name plus a suffix can exceed the file name limit.
+            doomed = directory.with_name(f"{topic.topic_id.hex}-{p}.deleted")
             os.replace(directory, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
 
