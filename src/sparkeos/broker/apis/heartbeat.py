@@ -1,0 +1,18 @@
+"""Heartbeat (12): keeps a member's session alive and tells it when to rejoin."""
+
+from __future__ import annotations
+
+from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
+
+from .registry import api
+
+
+@api(HeartbeatRequest, HeartbeatResponse, 0, 4)
+async def handle(broker, context, request):
+    error = broker.groups.heartbeat(
+        request.group_id,
+        request.generation_id,
+        request.member_id,
+        request.group_instance_id if context.version >= 3 else None,
+    )
+    return HeartbeatResponse(throttle_time_ms=0, error_code=error)

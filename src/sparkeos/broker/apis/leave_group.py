@@ -1,0 +1,27 @@
+"""LeaveGroup (13): members leave at once instead of waiting for their sessions to expire."""
+
+from __future__ import annotations
+
+from kafka.protocol.consumer import LeaveGroupRequest, LeaveGroupResponse
+
+from .registry import api
+
+MemberResponse_ = LeaveGroupResponse.MemberResponse
+
+
+@api(LeaveGroupRequest, LeaveGroupResponse, 0, 5)
+async def handle(broker, context, request):
+    if context.version >= 3:
+        leaving = [(m.member_id or "", m.group_instance_id) for m in request.members]
+    else:
+        leaving = [(request.member_id, None)]
+    error, member_errors = broker.groups.leave_group(request.group_id, leaving)
+    if context.version < 3:
+        # One member, one error: before v3 it is the response's only error.
+        return LeaveGroupResponse(throttle_time_ms=0,
+                                  error_code=error or next((e for e in member_errors if e), 0))
+    members = [] if error else [
+        MemberResponse_(member_id=member_id, group_instance_id=instance_id, error_code=member_error)
+        for (member_id, instance_id), member_error in zip(leaving, member_errors, strict=True)
+    ]
+    return LeaveGroupResponse(throttle_time_ms=0, error_code=error, members=members)

@@ -1,0 +1,19 @@
+"""ListGroups (16): every group this coordinator knows, optionally filtered by state (v4)."""
+
+from __future__ import annotations
+
+from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
+
+from .registry import api
+
+Listed_ = ListGroupsResponse.ListedGroup
+
+
+@api(ListGroupsRequest, ListGroupsResponse, 0, 4)
+async def handle(broker, context, request):
+    states = list(request.states_filter) if context.version >= 4 and request.states_filter else None
+    return ListGroupsResponse(
+        throttle_time_ms=0,
+        error_code=0,
+        groups=[Listed_(group_id=g, protocol_type=t, group_state=s) for g, t, s in broker.groups.list_groups(states)],
+    )

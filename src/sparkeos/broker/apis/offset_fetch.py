@@ -1,0 +1,50 @@
+"""OffsetFetch (9): committed offsets of one group (v0-7) or several (v8); -1 when none."""
+
+from __future__ import annotations
+
+from kafka.protocol.consumer import OffsetFetchRequest, OffsetFetchResponse
+
+from .registry import api
+
+Topic_ = OffsetFetchResponse.OffsetFetchResponseTopic
+Partition_ = Topic_.OffsetFetchResponsePartition
+Group_ = OffsetFetchResponse.OffsetFetchResponseGroup
+GroupTopic_ = Group_.OffsetFetchResponseTopics
+GroupPartition_ = GroupTopic_.OffsetFetchResponsePartitions
+
+
+def _fetch(broker, group_id: str, topics, require_stable: bool) -> dict[str, list]:
+    wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
+    by_topic: dict[str, list] = {}
+    for found in broker.groups.fetch_offsets(group_id, wanted, require_stable):
+        by_topic.setdefault(found.topic, []).append(found)
+    return by_topic
+
+
+@api(OffsetFetchRequest, OffsetFetchResponse, 1, 8)
+async def handle(broker, context, request):
+    version = context.version
+    require_stable = version >= 7 and request.require_stable
+    if version >= 8:
+        groups = []
+        for group in request.groups:
+            by_topic = _fetch(broker, group.group_id, group.topics, require_stable)
+            groups.append(Group_(group_id=group.group_id, error_code=0, topics=[
+                GroupTopic_(name=name, partitions=[
+                    GroupPartition_(partition_index=f.partition, committed_offset=f.offset,
+                                    committed_leader_epoch=f.leader_epoch, metadata=f.metadata, error_code=f.error)
+                    for f in found
+                ])
+                for name, found in by_topic.items()
+            ]))
+        return OffsetFetchResponse(throttle_time_ms=0, groups=groups)
+    # v1 has no "all topics" form (its topics array is not nullable).
+    by_topic = _fetch(broker, request.group_id, request.topics, require_stable)
+    return OffsetFetchResponse(throttle_time_ms=0, error_code=0, topics=[
+        Topic_(name=name, partitions=[
+            Partition_(partition_index=f.partition, committed_offset=f.offset, committed_leader_epoch=f.leader_epoch,
+                       metadata=f.metadata, error_code=f.error)
+            for f in found
+        ])
+        for name, found in by_topic.items()
+    ])

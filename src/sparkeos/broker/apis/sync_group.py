@@ -1,0 +1,28 @@
+"""SyncGroup (14): the leader hands in assignments; every member waits for its own."""
+
+from __future__ import annotations
+
+from kafka.protocol.consumer import SyncGroupRequest, SyncGroupResponse
+
+from .registry import api
+
+
+@api(SyncGroupRequest, SyncGroupResponse, 0, 5)
+async def handle(broker, context, request):
+    version = context.version
+    result = await broker.groups.sync_group(
+        group_id=request.group_id,
+        generation_id=request.generation_id,
+        member_id=request.member_id,
+        instance_id=request.group_instance_id if version >= 3 else None,
+        protocol_type=request.protocol_type if version >= 5 else None,
+        protocol_name=request.protocol_name if version >= 5 else None,
+        assignments={a.member_id: bytes(a.assignment) for a in request.assignments},
+    )
+    return SyncGroupResponse(
+        throttle_time_ms=0,
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
