@@ -137,6 +137,8 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         ("log.retention.check.interval.ms", "1000", "300000", LONG),
         ("unclean.leader.election.enable", topic["unclean.leader.election.enable"], "false", BOOLEAN),
         ("offsets.retention.minutes", str(config.offsets_retention_minutes), "10080", INT),
+        ("offsets.retention.check.interval.ms", str(getattr(config, "offsets_retention_check_interval_ms", 600000)),
+         "600000", LONG),
         ("group.initial.rebalance.delay.ms", str(config.group_initial_rebalance_delay_ms), "3000", INT),
         ("group.min.session.timeout.ms", str(config.group_min_session_timeout_ms), "6000", INT),
         ("group.max.session.timeout.ms", str(config.group_max_session_timeout_ms), "1800000", INT),
