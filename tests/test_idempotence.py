@@ -4,6 +4,7 @@ answers to duplicate, out-of-order and fenced batches, before and after a crash.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -48,7 +49,7 @@ def read_partition(bootstrap: str, topic: str, partition: int, end: int, timeout
 
 
 def test_idempotent_producer_survives_dropped_connections(tmp_path: Path, topic_name: str) -> None:
-    seed = random.randrange(2**32)
+    seed = int(os.environ.get("SPARKEOS_TEST_SEED", random.randrange(2**32)))
     log.warning("connection-drop seed %d", seed)
     rng = random.Random(seed)
     partitions = 2
