@@ -172,3 +172,76 @@ def test_timeout_above_broker_maximum_fails_init(tmp_path: Path) -> None:
         with pytest.raises(KafkaException) as failure:
             producer.init_transactions(15)
         assert failure.value.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT
+
+
+def test_send_offsets_to_transaction_published_only_on_commit(broker: EmbeddedBroker, topic_name: str) -> None:
+    source, sink, group = topic_name, f"{topic_name}-out", f"etl-{uuid.uuid4().hex[:8]}"
+    plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for i in range(10):
+        plain.produce(source, b"in-%d" % i)
+    plain.flush(15)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "isolation.level": "read_committed"})
+    consumer.subscribe([source])
+    batch = []
+    deadline = time.monotonic() + 20
+    while len(batch) < 10 and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None and not message.error():
+            batch.append(message)
+    assert len(batch) == 10
+    producer = _producer(broker.bootstrap_servers, "tx-etl")
+    next_offsets = [TopicPartition(source, 0, batch[-1].offset() + 1)]
+
+    # read_uncommitted asks without require_stable, so it sees the last published offset even
+    # while a transaction has one pending.
+    checker = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+                        "isolation.level": "read_uncommitted"})
+
+    def committed() -> int:
+        return checker.committed([TopicPartition(source, 0)], timeout=10)[0].offset
+
+    producer.begin_transaction()
+    for message in batch:
+        producer.produce(sink, message.value().replace(b"in", b"out"))
+    producer.send_offsets_to_transaction(next_offsets, consumer.consumer_group_metadata(), 15)
+    assert committed() < 0
+    producer.abort_transaction(15)
+    assert committed() < 0, "an aborted transaction must not publish its offsets"
+
+    producer.begin_transaction()
+    for message in batch:
+        producer.produce(sink, message.value().replace(b"in", b"out"))
+    producer.send_offsets_to_transaction(next_offsets, consumer.consumer_group_metadata(), 15)
+    producer.commit_transaction(15)
+    assert committed() == 10
+    checker.close()
+    consumer.close()
+    assert _read_committed(broker.bootstrap_servers, sink, 1) == [b"out-%d" % i for i in range(10)]
+
+
+def test_offset_fetch_require_stable_waits_for_pending_offsets(broker: EmbeddedBroker, topic_name: str) -> None:
+    plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    plain.produce(topic_name, b"x")
+    plain.flush(15)
+    group = f"stable-{uuid.uuid4().hex[:8]}"
+    metadata_consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
+    producer = _producer(broker.bootstrap_servers, "tx-stable")
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition(topic_name, 0, 1)],
+                                         metadata_consumer.consumer_group_metadata(), 15)
+    coordinator = broker.broker.groups
+    pending = coordinator.fetch_offsets(group, [(topic_name, 0)], require_stable=True)
+    assert pending[0].error == 88, "UNSTABLE_OFFSET_COMMIT while the transaction is open"
+    # librdkafka's read_committed consumers ask with require_stable and keep retrying.
+    reader = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
+                       "isolation.level": "read_committed"})
+    with pytest.raises(KafkaException):
+        reader.committed([TopicPartition(topic_name, 0)], timeout=3)
+    producer.commit_transaction(15)
+    stable = coordinator.fetch_offsets(group, [(topic_name, 0)], require_stable=True)
+    assert stable[0].error == 0 and stable[0].offset == 1
+    assert reader.committed([TopicPartition(topic_name, 0)], timeout=10)[0].offset == 1
+    reader.close()
+    metadata_consumer.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,8 +71,9 @@ class Broker:
         )
         self.started_ms = int(time.time() * 1000)
         self._append_waiters: set[asyncio.Future[None]] = set()
-        self._sync_locks: dict[int, asyncio.Lock] = {}
-        self._synced_to: dict[int, int] = {}
+        # Keyed by the log object itself: a recreated topic must not inherit a stale entry.
+        self._sync_locks: weakref.WeakKeyDictionary[PartitionLog, asyncio.Lock] = weakref.WeakKeyDictionary()
+        self._synced_to: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
         self._sync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
         self._housekeeping: asyncio.Task | None = None
         # Transactions a crash left between their decision and their markers end now.
@@ -172,14 +174,13 @@ class Broker:
         """fsync the partition before an acks=-1 answer; concurrent callers share one fsync."""
         if self.config.fsync != "always":
             return
-        key = id(partition_log)
         target = partition_log.log_end_offset
-        lock = self._sync_locks.setdefault(key, asyncio.Lock())
+        lock = self._sync_locks.setdefault(partition_log, asyncio.Lock())
         async with lock:
-            if self._synced_to.get(key, -1) >= target:
+            if self._synced_to.get(partition_log, -1) >= target:
                 return
             loop = asyncio.get_running_loop()
-            self._synced_to[key] = await loop.run_in_executor(self._sync_pool, partition_log.sync)
+            self._synced_to[partition_log] = await loop.run_in_executor(self._sync_pool, partition_log.sync)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """One module per Kafka API; importing this package registers them all."""
 
 from . import (  # noqa: F401
+    add_offsets_to_txn,
     add_partitions_to_txn,
     alter_configs,
     api_versions,
@@ -26,4 +27,5 @@ from . import (  # noqa: F401
     offset_for_leader_epoch,
     produce,
     sync_group,
+    txn_offset_commit,
 )
