@@ -92,3 +92,27 @@ def test_advertised_listener_and_bad_arguments(tmp_path: Path) -> None:
         timeout=30,
     )
     assert bad.returncode == 2 and "--num-partitions" in bad.stderr
+
+
+def test_transaction_max_timeout_option_reaches_clients(tmp_path: Path) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    process, bootstrap = _start(tmp_path / "data", "--transaction-max-timeout-ms", "3600000")
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+        configs = admin.describe_configs([resource])[resource].result(15)
+        assert configs["transaction.max.timeout.ms"].value == "3600000"
+        # Flink's default transaction timeout (1 h) fits; anything above it is refused.
+        too_long = Producer({"bootstrap.servers": bootstrap, "transactional.id": "cli-txn",
+                             "transaction.timeout.ms": 3600001})
+        with pytest.raises(KafkaException) as failure:
+            too_long.init_transactions(15)
+        assert failure.value.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT
+        fits = Producer({"bootstrap.servers": bootstrap, "transactional.id": "cli-txn",
+                         "transaction.timeout.ms": 3600000})
+        fits.init_transactions(15)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)

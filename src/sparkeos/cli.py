@@ -53,6 +53,10 @@ def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
                         help="how long committed offsets of empty groups are kept (offsets.retention.minutes)")
     parser.add_argument("--group-initial-rebalance-delay-ms", type=int, default=0,
                         help="wait for more members before the first rebalance of a new group")
+    parser.add_argument("--transaction-max-timeout-ms", type=_positive, default=900000,
+                        help="largest transaction.timeout.ms a producer may ask for (transaction.max.timeout.ms)")
+    parser.add_argument("--transactional-id-expiration-ms", type=_positive, default=604800000,
+                        help="forget transactional ids unused this long (transactional.id.expiration.ms)")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for the broker (stderr)")
 
 
@@ -73,6 +77,8 @@ def run_broker(args: argparse.Namespace) -> int:
         max_request_bytes=args.socket_request_max_bytes,
         offsets_retention_minutes=args.offsets_retention_minutes,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+        transactional_id_expiration_ms=args.transactional_id_expiration_ms,
     )
     return asyncio.run(_serve(config))
 
