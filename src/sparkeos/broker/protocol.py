@@ -63,6 +63,36 @@ def parse_request_header(frame: bytes | memoryview, flexible_for) -> RequestHead
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
 
 
+_NULLABLE_KINDS = ("string", "bytes")
+
+
+def unexpected_null(message, fields, version: int) -> str | None:
+    """The path of a null in a field that is not nullable at `version`, if any.
+
+    kafka-python's decoder reads length -1 as None for every string, bytes and array field;
+    Kafka refuses the request instead ("non-nullable field ... was serialized as null"), and
+    handlers rely on that. `fields` is a schema struct's name -> field mapping.
+    """
+    for field in fields.values():
+        if not field.for_version_q(version) or field.tagged_field_q(version):
+            continue
+        value = getattr(message, field.name, None)
+        if value is None:
+            if (field.is_array() or field.type_str in _NULLABLE_KINDS) and not field.nullable_for_version_q(version):
+                return field.name
+            continue
+        if field.is_struct_array():
+            for item in value:
+                found = unexpected_null(item, field.fields, version)
+                if found is not None:
+                    return f"{field.name}.{found}"
+        elif field.is_struct():
+            found = unexpected_null(value, field.fields, version)
+            if found is not None:
+                return f"{field.name}.{found}"
+    return None
+
+
 def response_header(correlation_id: int, flexible: bool) -> bytes:
     if flexible:
         return struct.pack(">ib", correlation_id, 0)

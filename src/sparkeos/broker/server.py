@@ -14,7 +14,7 @@ import struct
 from . import apis  # noqa: F401  (registers every API module)
 from .apis.registry import APIS, RequestContext
 from .core import Broker
-from .protocol import MalformedRequest, parse_request_header, response_header
+from .protocol import MalformedRequest, parse_request_header, response_header, unexpected_null
 
 log = logging.getLogger("sparkeos.broker.server")
 
@@ -83,6 +83,9 @@ class Connection:
             request = entry.request.decode(frame[header.body_offset :], version=header.api_version)
         except Exception as exc:
             raise MalformedRequest(f"cannot decode API {header.api_key} v{header.api_version}: {exc}") from None
+        null_field = unexpected_null(request, entry.request._struct.fields, header.api_version)
+        if null_field is not None:
+            raise MalformedRequest(f"API {header.api_key} v{header.api_version}: non-nullable {null_field} is null")
         return asyncio.create_task(self._handle(entry, context, request))
 
     async def _handle(self, entry, context: RequestContext, request) -> bytes | None:

@@ -17,6 +17,10 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_REQUIRED_ACKS = 21
 KAFKA_STORAGE_ERROR = 56
 CORRUPT_MESSAGE = 2
+INVALID_RECORD = 87
+LOG_OVERHEAD = 12
+HEADER_SIZE_UP_TO_MAGIC = 17
+RECORD_OVERHEAD_V0 = 14
 
 TopicResponse = ProduceResponse.TopicProduceResponse
 PartitionResponse = TopicResponse.PartitionProduceResponse
@@ -38,7 +42,7 @@ async def handle(broker, context, request):
                 partitions.append(_error(partition_data.index, INVALID_REQUIRED_ACKS))
                 continue
             partitions.append(
-                append_partition(broker, request, topic_data.name, partition_data, touched)
+                append_partition(broker, request, topic_data.name, partition_data, touched, context.version)
             )
         results.append(TopicResponse(name=topic_data.name, partition_responses=partitions))
     if touched:
@@ -51,7 +55,45 @@ async def handle(broker, context, request):
     return ProduceResponse(responses=results, throttle_time_ms=0)
 
 
-def append_partition(broker, request, topic_name: str, partition_data, touched: list) -> PartitionResponse:
+def _whole_batch_size(records: bytes | memoryview, pos: int) -> int | None:
+    """Size of the batch at `pos`, None if no whole batch is there (Kafka's nextBatchSize + nextBatch)."""
+    remaining = len(records) - pos
+    if remaining < LOG_OVERHEAD:
+        return None
+    record_size = int.from_bytes(records[pos + 8 : pos + 12], "big", signed=True)
+    if record_size < RECORD_OVERHEAD_V0:
+        raise InvalidBatch(CORRUPT_MESSAGE, f"record size {record_size} is less than the minimum record overhead")
+    if remaining < HEADER_SIZE_UP_TO_MAGIC:
+        return None
+    magic = int.from_bytes(records[pos + 16 : pos + 17], "big", signed=True)
+    if not 0 <= magic <= 2:
+        raise InvalidBatch(CORRUPT_MESSAGE, f"invalid magic found in record: {magic}")
+    size = record_size + LOG_OVERHEAD
+    return size if remaining >= size else None
+
+
+def validate_produce_records(version: int, records: bytes | memoryview) -> None:
+    """Kafka's checks of a v3+ Produce's records before the log sees them (ProduceRequest.validateRecords
+    and the first checks of UnifiedLog.analyzeAndValidateRecords): exactly one whole magic-2 batch
+    with base offset 0."""
+    if version < 3:
+        return
+    size = _whole_batch_size(records, 0)
+    if size is None:
+        raise InvalidBatch(INVALID_RECORD, f"Produce requests with version {version} must have at least one "
+                                           "record batch per partition")
+    if records[16] != 2:
+        raise InvalidBatch(INVALID_RECORD, f"Produce requests with version {version} are only allowed to contain "
+                                           "record batches with magic version 2")
+    if _whole_batch_size(records, size) is not None:
+        raise InvalidBatch(INVALID_RECORD, f"Produce requests with version {version} are only allowed to contain "
+                                           "exactly one record batch per partition")
+    if int.from_bytes(records[0:8], "big", signed=True) != 0:
+        raise InvalidBatch(INVALID_RECORD, "the baseOffset of a produced record batch should be 0")
+
+
+def append_partition(broker, request, topic_name: str, partition_data, touched: list,
+                     version: int = 3) -> PartitionResponse:
     index = partition_data.index
     try:
         topic = broker.topic_for_produce_or_metadata(topic_name)
@@ -61,9 +103,12 @@ def append_partition(broker, request, topic_name: str, partition_data, touched: 
     if partition_log is None:
         return _error(index, UNKNOWN_TOPIC_OR_PARTITION)
     records = partition_data.records
-    if records is None or len(records) == 0:
+    if records is None:
         return _error(index, CORRUPT_MESSAGE, "no records")
     try:
+        validate_produce_records(version, records)
+        if len(records) == 0:
+            return _error(index, CORRUPT_MESSAGE, "no records")
         broker.check_transactional_produce(request, topic_name, index, records)
         result = partition_log.append(records)
     except (InvalidBatch, SequenceError) as exc:
