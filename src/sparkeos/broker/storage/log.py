@@ -106,13 +106,15 @@ class PartitionLog:
 
     def _load_aborted_index(self) -> None:
         # An entry whose marker never reached the log (crash in between) is dropped; the
-        # transaction coordinator writes that marker again on restart.
+        # transaction coordinator writes that marker again on restart, indexing the same entry
+        # a second time. Kept once: a reader given it twice (librdkafka) treats the duplicate as
+        # another aborted transaction and drops the producer's next committed records.
         end = self.log_end_offset
-        self.aborted = [
+        self.aborted = list(dict.fromkeys(
             AbortedTransaction(r["pid"], r["first"], r["last"])
             for r in self._aborted_index.load()
             if r["last"] < end
-        ]
+        ))
 
     def _read_log_start(self) -> int:
         try:
