@@ -105,16 +105,20 @@ class PartitionLog:
         self._load_aborted_index()
 
     def _load_aborted_index(self) -> None:
-        # An entry whose marker never reached the log (crash in between) is dropped; the
-        # transaction coordinator writes that marker again on restart, indexing the same entry
-        # a second time. Kept once: a reader given it twice (librdkafka) treats the duplicate as
-        # another aborted transaction and drops the producer's next committed records.
+        # An entry whose marker never reached the log (crash in between) is dropped from the
+        # file too: the transaction coordinator writes that marker again on restart and indexes
+        # it anew, and a stale copy left behind would later cover offsets it never aborted. A
+        # reader given an entry twice (librdkafka) would drop the producer's next committed
+        # records, so each is kept once.
         end = self.log_end_offset
+        records = self._aborted_index.load()
         self.aborted = list(dict.fromkeys(
-            AbortedTransaction(r["pid"], r["first"], r["last"])
-            for r in self._aborted_index.load()
-            if r["last"] < end
+            AbortedTransaction(r["pid"], r["first"], r["last"]) for r in records if r["last"] < end
         ))
+        if len(self.aborted) != len(records):
+            self._aborted_index.rewrite(
+                [{"pid": a.producer_id, "first": a.first_offset, "last": a.last_offset} for a in self.aborted]
+            )
 
     def _read_log_start(self) -> int:
         try:
