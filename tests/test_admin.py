@@ -5,8 +5,6 @@ Error codes are Kafka's; every advertised version of every admin API is exercise
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 import uuid
 from pathlib import Path
@@ -46,6 +44,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.storage.topics import TOPIC_CONFIG_DEFAULTS
+from wire import WireClient
 
 TIMEOUT = 15.0
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -108,35 +107,6 @@ def first_poll(bootstrap: str, topic: str, offset: int, reset: str) -> Any:
         raise AssertionError(f"nothing consumed from {topic} at offset {offset}")
     finally:
         consumer.close()
-
-
-class Wire:
-    """Exact requests at exact versions, encoded with kafka-python's protocol classes."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, _, port = bootstrap.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=TIMEOUT)
-        self.correlation_id = 0
-
-    def request(self, request: Any, response_class: type, version: int) -> Any:
-        self.correlation_id += 1
-        request.with_header(correlation_id=self.correlation_id, client_id="admin-test")
-        self.sock.sendall(bytes(request.encode(version=version, header=True, framed=True)))
-        (size,) = struct.unpack(">i", self._read(4))
-        response = response_class.decode(self._read(size), version=version, header=True)
-        assert response.header.correlation_id == self.correlation_id
-        return response
-
-    def _read(self, count: int) -> bytes:
-        data = b""
-        while len(data) < count:
-            chunk = self.sock.recv(count - len(data))
-            assert chunk, "broker closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 # -- topics ----------------------------------------------------------------------------------------
@@ -277,7 +247,7 @@ def test_delete_topic_errors_and_delete_by_id(broker: EmbeddedBroker, topic_name
 
 
 def test_delete_topics_wire_errors(broker: EmbeddedBroker, topic_name: str) -> None:
-    wire = Wire(broker.bootstrap_servers)
+    wire = WireClient(broker.bootstrap_servers)
     try:
         State = DeleteTopicsRequest.DeleteTopicState
         response = wire.request(DeleteTopicsRequest(topics=[
@@ -373,7 +343,7 @@ def test_describe_broker_configs(tmp_path: Path, topic_name: str) -> None:
             future = client.describe_configs([resource])[resource]
             assert error_code(future) == code, resource
         # Clients send a broker's resources to that broker, so another id only arrives on the wire.
-        wire = Wire(broker.bootstrap_servers)
+        wire = WireClient(broker.bootstrap_servers)
         try:
             Resource = DescribeConfigsRequest.DescribeConfigsResource
             response = wire.request(DescribeConfigsRequest(resources=[
@@ -458,7 +428,7 @@ def test_delete_records(broker: EmbeddedBroker, topic_name: str) -> None:
 # -- auto-creation -----------------------------------------------------------------------------------------
 
 
-def metadata_errors(wire: Wire, topic: str, allow_auto_create: bool) -> tuple[int, int]:
+def metadata_errors(wire: WireClient, topic: str, allow_auto_create: bool) -> tuple[int, int]:
     """(error code, partition count) of `topic` in a Metadata v4 answer."""
     request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
                               allow_auto_topic_creation=allow_auto_create)
@@ -466,7 +436,7 @@ def metadata_errors(wire: Wire, topic: str, allow_auto_create: bool) -> tuple[in
     return answer.error_code, len(answer.partitions)
 
 
-def raw_produce(wire: Wire, topic: str) -> int:
+def raw_produce(wire: WireClient, topic: str) -> int:
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
                                         producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
     builder.append(0, timestamp=None, key=None, value=b"x", headers=[])
@@ -479,7 +449,7 @@ def raw_produce(wire: Wire, topic: str) -> int:
 
 def test_no_auto_create_topics(tmp_path: Path, topic_name: str) -> None:
     with EmbeddedBroker(tmp_path / "broker", auto_create_topics=False) as broker:
-        wire = Wire(broker.bootstrap_servers)
+        wire = WireClient(broker.bootstrap_servers)
         try:
             assert raw_produce(wire, topic_name) == UNKNOWN_TOPIC_OR_PARTITION
             assert metadata_errors(wire, topic_name, allow_auto_create=True) == (UNKNOWN_TOPIC_OR_PARTITION, 0)
@@ -503,7 +473,7 @@ def test_no_auto_create_topics(tmp_path: Path, topic_name: str) -> None:
 
 def test_auto_create_topics_on_metadata(tmp_path: Path, topic_name: str) -> None:
     with EmbeddedBroker(tmp_path / "broker", num_partitions=3) as broker:
-        wire = Wire(broker.bootstrap_servers)
+        wire = WireClient(broker.bootstrap_servers)
         try:
             assert metadata_errors(wire, topic_name, allow_auto_create=False) == (UNKNOWN_TOPIC_OR_PARTITION, 0)
             assert broker.broker.store.get(topic_name) is None
@@ -518,7 +488,7 @@ def test_auto_create_topics_on_metadata(tmp_path: Path, topic_name: str) -> None
 
 
 def test_every_advertised_admin_version(broker: EmbeddedBroker, topic_name: str) -> None:
-    wire = Wire(broker.bootstrap_servers)
+    wire = WireClient(broker.bootstrap_servers)
     try:
         ranges = {a.api_key: (a.min_version, a.max_version)
                   for a in wire.request(ApiVersionsRequest(), ApiVersionsResponse, 0).api_keys}

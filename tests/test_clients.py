@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import struct
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sparkeos.broker import EmbeddedBroker
+from wire import WireClient
 
 CODECS = {None: 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 BASE_TS = 1_700_000_000_000
@@ -292,35 +292,6 @@ def test_aiokafka_acks(broker: EmbeddedBroker, topic_name: str, acks: int | str)
 # -- every advertised version, through kafka-python's protocol codec ------------------------------
 
 
-class _Wire:
-    """One TCP connection speaking kafka-python's encoded requests at an exact version."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.correlation = 0
-
-    def call(self, request: Any, response_class: Any, version: int) -> Any:
-        self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="version-sweep")
-        self.sock.sendall(bytes(request.encode(version=version, header=True, framed=True)))
-        (size,) = struct.unpack(">i", self._read(4))
-        response = response_class.decode(self._read(size), version=version, header=True)
-        assert response._header.correlation_id == self.correlation
-        return response
-
-    def _read(self, count: int) -> bytes:
-        data = b""
-        while len(data) < count:
-            chunk = self.sock.recv(count - len(data))
-            assert chunk, "broker closed the connection"
-            data += chunk
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _batch(count: int) -> bytes:
     builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
                                         producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
@@ -330,14 +301,14 @@ def _batch(count: int) -> bytes:
 
 
 def test_every_advertised_data_path_version(broker: EmbeddedBroker, topic_name: str) -> None:
-    wire = _Wire(broker.bootstrap_servers)
+    wire = WireClient(broker.bootstrap_servers)
     try:
         versions = {k.api_key: (k.min_version, k.max_version)
-                    for k in wire.call(ApiVersionsRequest(), ApiVersionsResponse, 0).api_keys}
+                    for k in wire.request(ApiVersionsRequest(), ApiVersionsResponse, 0).api_keys}
         topic_data = ProduceRequest.TopicProduceData
         produce_versions = [v for v in range(versions[0][0], versions[0][1] + 1) if v >= 3]
         for n, version in enumerate(produce_versions):
-            response = wire.call(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+            response = wire.request(ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
                 topic_data(name=topic_name, partition_data=[topic_data.PartitionProduceData(index=0,
                                                                                             records=_batch(2))])]),
                 ProduceResponse, version)
@@ -351,7 +322,7 @@ def test_every_advertised_data_path_version(broker: EmbeddedBroker, topic_name: 
                 request = FetchRequest(max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0, topics=[
                     fetch_topic(topic=topic, partitions=[fetch_topic.FetchPartition(
                         partition=0, fetch_offset=offset, partition_max_bytes=1 << 20)])])
-                return wire.call(request, FetchResponse, v).responses[0].partitions[0]
+                return wire.request(request, FetchResponse, v).responses[0].partitions[0]
 
             found = fetch(topic_name, 3)
             assert (found.error_code, found.high_watermark) == (0, end), version
@@ -374,13 +345,13 @@ def test_every_advertised_data_path_version(broker: EmbeddedBroker, topic_name: 
             request = ListOffsetsRequest(replica_id=-1, isolation_level=0, topics=[list_topic(
                 name=topic_name, partitions=[list_topic.ListOffsetsPartition(partition_index=0, timestamp=ts)
                                              for ts, _ in wanted])])
-            partitions = wire.call(request, ListOffsetsResponse, version).topics[0].partitions
+            partitions = wire.request(request, ListOffsetsResponse, version).topics[0].partitions
             assert [(p.error_code, p.offset) for p in partitions] == [(0, o) for _, o in wanted], version
 
         for version in range(versions[3][0], versions[3][1] + 1):
             request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic_name)],
                                       allow_auto_topic_creation=False)
-            (topic,) = wire.call(request, MetadataResponse, version).topics
+            (topic,) = wire.request(request, MetadataResponse, version).topics
             assert (topic.error_code, topic.name, len(topic.partitions)) == (0, topic_name, 1), version
     finally:
         wire.close()

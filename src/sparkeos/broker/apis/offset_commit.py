@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import OffsetCommitRequest, OffsetCommitResponse
 
-from ..coordinator.groups import OFFSET_METADATA_MAX_BYTES, OFFSET_METADATA_TOO_LARGE
+from .offset_requests import answer_topics, read_offsets
 from .registry import api
-
-UNKNOWN_TOPIC_OR_PARTITION = 3
 
 Topic_ = OffsetCommitResponse.OffsetCommitResponseTopic
 Partition_ = Topic_.OffsetCommitResponsePartition
@@ -17,19 +15,7 @@ Partition_ = Topic_.OffsetCommitResponsePartition
 @api(OffsetCommitRequest, OffsetCommitResponse, 2, 8)
 async def handle(broker, context, request):
     version = context.version
-    errors: dict[tuple[str, int], int] = {}
-    offsets: dict[tuple[str, int], tuple[int, str | None, int]] = {}
-    for topic in request.topics:
-        for partition in topic.partitions:
-            key = (topic.name, partition.partition_index)
-            metadata = partition.committed_metadata
-            if broker.partition(topic.name, partition.partition_index) is None:
-                errors[key] = UNKNOWN_TOPIC_OR_PARTITION
-            elif metadata is not None and len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
-                errors[key] = OFFSET_METADATA_TOO_LARGE
-            else:
-                epoch = partition.committed_leader_epoch if version >= 6 else -1
-                offsets[key] = (partition.committed_offset, metadata, epoch)
+    offsets, errors = read_offsets(broker, request.topics, with_leader_epoch=version >= 6)
     group_error = await broker.groups.commit_member_offsets(
         request.group_id,
         request.generation_id_or_member_epoch,
@@ -39,13 +25,5 @@ async def handle(broker, context, request):
     )
     for key in offsets:
         errors[key] = group_error
-    return OffsetCommitResponse(
-        throttle_time_ms=0,
-        topics=[
-            Topic_(name=topic.name, partitions=[
-                Partition_(partition_index=p.partition_index, error_code=errors[(topic.name, p.partition_index)])
-                for p in topic.partitions
-            ])
-            for topic in request.topics
-        ],
-    )
+    return OffsetCommitResponse(throttle_time_ms=0,
+                                topics=answer_topics(Topic_, Partition_, request.topics, errors))

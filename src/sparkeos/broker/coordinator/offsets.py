@@ -22,6 +22,8 @@ from pathlib import Path
 
 import crc32c
 
+from ..storage.files import fsync_directory
+
 log = logging.getLogger("sparkeos.broker.offsets")
 
 _HEADER = struct.Struct(">II")
@@ -72,7 +74,7 @@ class OffsetStore:
         if not self.path.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.touch()
-            _fsync_dir(self.path.parent)
+            fsync_directory(self.path.parent)
             return 0
         data = self.path.read_bytes()
         pos = 0
@@ -246,7 +248,7 @@ class OffsetStore:
             os.fsync(out.fileno())
         self._file.close()
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_directory(self.path.parent)
         self._file = open(self.path, "ab")  # noqa: SIM115
         self._file_bytes = self._compacted_bytes = size
         self._synced = self._written
@@ -266,11 +268,3 @@ class OffsetStore:
 
 def _entries(offsets: dict[TopicPartition, CommittedOffset]) -> list[list]:
     return [[t, p, c.offset, c.leader_epoch, c.metadata, c.commit_timestamp_ms] for (t, p), c in offsets.items()]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -254,23 +254,15 @@ class TransactionCoordinator:
 
     def end_transaction(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
                         now_ms: int, fenced_error: int = PRODUCER_FENCED) -> None:
-        txn = self.transactions.get(transactional_id)
-        if txn is None or txn.producer_id != producer_id:
-            raise TransactionError(INVALID_PRODUCER_ID_MAPPING,
-                                   f"producer id {producer_id} does not belong to {transactional_id!r}")
-        if producer_epoch != txn.producer_epoch:
-            # A retried EndTxn whose abort the broker already finished with a bumped epoch
-            # (timeout) is still fenced: the producer must not believe it committed.
-            raise TransactionError(fenced_error, f"producer epoch {producer_epoch} of {transactional_id!r} "
-                                                 f"is not the current epoch {txn.producer_epoch}")
+        # A retried EndTxn whose abort the broker already finished with a bumped epoch (timeout)
+        # is fenced too: the producer must not believe it committed.
+        txn = self._check_producer(transactional_id, producer_id, producer_epoch, fenced_error)
         if txn.state == ONGOING:
             self._end(txn, commit, now_ms)
             return
         done = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         if txn.state == done:
             return  # a retry of an EndTxn that already completed
-        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-            raise TransactionError(CONCURRENT_TRANSACTIONS, f"{transactional_id} is completing a transaction")
         raise TransactionError(INVALID_TXN_STATE, f"cannot {'commit' if commit else 'abort'} "
                                                   f"{transactional_id!r} in state {txn.state}")
 

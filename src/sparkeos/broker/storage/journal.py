@@ -17,6 +17,8 @@ from typing import Any
 
 import crc32c
 
+from .files import fsync_directory
+
 _FRAME = struct.Struct(">II")  # length, crc32c of the payload
 
 
@@ -71,11 +73,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
         os.replace(tmp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_directory(self.path.parent)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.records_written = len(encoded)
 

@@ -26,6 +26,7 @@ from ..records import (
     split_batches,
     stamp_batch,
 )
+from .files import fsync_directory
 from .journal import Journal
 from .producer_state import ProducerStateTable
 from .segment import Segment, segment_path
@@ -271,7 +272,7 @@ class PartitionLog:
         for _, path in self._snapshots()[:-SNAPSHOTS_KEPT]:
             path.unlink(missing_ok=True)
         self.segments.append(Segment(segment_path(self.directory, base), base))
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
 
     def sync(self) -> int:
         """Make every appended batch durable; returns the offset synced up to."""
@@ -421,17 +422,9 @@ class PartitionLog:
         for segment in self.segments:
             segment.close()
         (self.directory / CLEAN_SHUTDOWN_FILE).write_text(json.dumps({"log_end_offset": end}))
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
 
     def close_without_marker(self) -> None:
         self._aborted_index.close()
         for segment in self.segments:
             segment.close()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

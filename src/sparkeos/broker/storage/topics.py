@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .files import fsync_directory
 from .log import LogConfig, PartitionLog
 
 METADATA_FILE = "topics.json"
@@ -148,11 +149,7 @@ class TopicStore:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        fd = os.open(self.data_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(self.data_dir)
 
     def _partition_dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
