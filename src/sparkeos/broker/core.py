@@ -69,7 +69,6 @@ class Broker:
             self,
             TransactionSettings(config.transaction_max_timeout_ms, config.transactional_id_expiration_ms),
         )
-        self.started_ms = int(time.time() * 1000)
         self._append_waiters: set[asyncio.Future[None]] = set()
         # Keyed by the log object itself: a recreated topic must not inherit a stale entry.
         self._sync_locks: weakref.WeakKeyDictionary[PartitionLog, asyncio.Lock] = weakref.WeakKeyDictionary()
@@ -188,10 +187,12 @@ class Broker:
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
 
     async def _housekeep(self) -> None:
+        interval_sync = self.config.fsync == "interval"
+        sync_every_s = self.config.fsync_interval_ms / 1000
+        tick_s = min(HOUSEKEEPING_INTERVAL_S, sync_every_s) if interval_sync else HOUSEKEEPING_INTERVAL_S
         last_sync = time.monotonic()
         while True:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S if self.config.fsync == "always"
-                                else min(HOUSEKEEPING_INTERVAL_S, self.config.fsync_interval_ms / 1000))
+            await asyncio.sleep(tick_s)
             try:
                 now_ms = int(time.time() * 1000)
                 for topic in list(self.store.topics.values()):
@@ -199,9 +200,7 @@ class Broker:
                         partition_log.apply_retention(now_ms)
                 self.groups.expire(now_ms)
                 self.transactions.expire(now_ms)
-                if self.config.fsync == "interval" and (
-                    time.monotonic() - last_sync >= self.config.fsync_interval_ms / 1000
-                ):
+                if interval_sync and time.monotonic() - last_sync >= sync_every_s:
                     last_sync = time.monotonic()
                     await self._sync_all()
             except Exception:  # housekeeping must never stop serving

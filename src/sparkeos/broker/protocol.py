@@ -97,8 +97,3 @@ def response_header(correlation_id: int, flexible: bool) -> bytes:
     if flexible:
         return struct.pack(">ib", correlation_id, 0)
     return struct.pack(">i", correlation_id)
-
-
-def frame(parts: list[bytes | bytearray | memoryview]) -> bytes:
-    size = sum(len(p) for p in parts)
-    return b"".join([struct.pack(">i", size), *parts])

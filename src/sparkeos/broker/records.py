@@ -20,7 +20,6 @@ ATTR_TIMESTAMP_TYPE = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 
-NO_PRODUCER_ID = -1
 CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 
@@ -99,7 +98,6 @@ def crc_of(batch: bytes | memoryview) -> int:
 CORRUPT_MESSAGE = 2
 INVALID_RECORD = 87
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-INVALID_TIMESTAMP = 32
 
 
 def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memoryview]]:
@@ -179,19 +177,6 @@ def build_control_batch(
     return struct.pack(">qiibI", base_offset, batch_length, leader_epoch, 2, crc) + after_crc
 
 
-def control_type_of(batch: bytes | memoryview) -> int:
-    """The marker type of a control batch: its single record's key is (version, type)."""
-    pos = HEADER_SIZE
-    _, pos = _read_varint(batch, pos)  # record length
-    pos += 1  # attributes
-    _, pos = _read_varint(batch, pos)  # timestamp delta
-    _, pos = _read_varint(batch, pos)  # offset delta
-    key_len, pos = _read_varint(batch, pos)
-    if key_len < 4:
-        raise InvalidBatch(CORRUPT_MESSAGE, "control record key too short")
-    return struct.unpack_from(">h", batch, pos + 2)[0]
-
-
 def _varint(value: int) -> bytes:
     encoded = (value << 1) ^ (value >> 63)
     out = bytearray()
@@ -203,16 +188,3 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
-
-
-def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-    return (raw >> 1) ^ -(raw & 1), pos

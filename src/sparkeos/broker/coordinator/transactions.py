@@ -143,10 +143,6 @@ class TransactionCoordinator:
     def for_producer(self, producer_id: int) -> TransactionState | None:
         return self._by_producer.get(producer_id)
 
-    def has_open_transaction(self, producer_id: int) -> bool:
-        txn = self._by_producer.get(producer_id)
-        return txn is not None and txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
-
     # -- InitProducerId ----------------------------------------------------------------------
 
     def init_producer_id(self, transactional_id: str, timeout_ms: int, expected_pid: int, expected_epoch: int,

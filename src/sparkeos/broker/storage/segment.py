@@ -96,23 +96,6 @@ class Segment:
     def sync(self) -> None:
         os.fsync(self.fd)
 
-    def truncate_to(self, offset: int) -> None:
-        """Drop every batch at or after `offset` (which must be a batch boundary)."""
-        position = self.position_of(offset)
-        if position is None:
-            return
-        os.ftruncate(self.fd, position)
-        os.fsync(self.fd)
-        self._index_offsets = array("q")
-        self._index_positions = array("q")
-        self._index_timestamps_before = array("q")
-        self._bytes_since_index = INDEX_INTERVAL_BYTES
-        self.next_offset = self.base_offset
-        self.max_timestamp = -1
-        self.max_data_timestamp = -1
-        self.max_data_timestamp_position = -1
-        self.recover(verify_crc=False)
-
     # -- reading -----------------------------------------------------------------------------
 
     def _index_floor(self, offset: int) -> int:
