@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from kafka.protocol.producer import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 
-from ..coordinator.transactions import TransactionError
-from .init_producer_id import fenced_error
+from ..coordinator.transactions import INVALID_PRODUCER_EPOCH, TransactionError
 from .offset_requests import answer_topics, read_offsets
 from .registry import api
 
@@ -22,19 +21,26 @@ async def handle(broker, context, request):
         await broker.groups.stage_transactional_offsets(request.group_id, request.producer_id, offsets)
     for key in offsets:
         errors[key] = error
-    return TxnOffsetCommitResponse(throttle_time_ms=0,
-                                   topics=answer_topics(Topic_, Partition_, request.topics, errors))
+    return TxnOffsetCommitResponse(throttle_time_ms=0, topics=answer_topics(Topic_, Partition_, request.topics, errors))
 
 
 def _check(broker, request, version: int) -> int:
+    # No TxnOffsetCommit version added PRODUCER_FENCED (KIP-588 bumped only the transaction
+    # coordinator's APIs): Kafka's group coordinator answers a fenced producer with
+    # INVALID_PRODUCER_EPOCH at every version.
     try:
-        broker.transactions.check_offset_commit(request.transactional_id, request.producer_id,
-                                                request.producer_epoch, request.group_id,
-                                                fenced_error=fenced_error(version, 2))
+        broker.transactions.check_offset_commit(
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.group_id,
+            fenced_error=INVALID_PRODUCER_EPOCH,
+        )
     except TransactionError as exc:
         return exc.error_code
     if version >= 3:
         # KIP-447: a zombie consumer generation must not commit through a live transaction.
         return broker.groups.validate_txn_offset_commit(
-            request.group_id, request.generation_id, request.member_id or "", request.group_instance_id)
+            request.group_id, request.generation_id, request.member_id or "", request.group_instance_id
+        )
     return 0
