@@ -12,6 +12,7 @@ import logging
 import struct
 
 from . import apis  # noqa: F401  (registers every API module)
+from .apis.fetch_response import FetchResult
 from .apis.registry import APIS, RequestContext
 from .core import Broker
 from .protocol import MalformedRequest, parse_request_header, response_header, unexpected_null
@@ -88,14 +89,20 @@ class Connection:
             raise MalformedRequest(f"API {header.api_key} v{header.api_version}: non-nullable {null_field} is null")
         return asyncio.create_task(self._handle(entry, context, request))
 
-    async def _handle(self, entry, context: RequestContext, request) -> bytes | None:
+    async def _handle(self, entry, context: RequestContext, request) -> list[bytes | memoryview] | None:
         response = await entry.handler(self.broker, context, request)
         if response is None:
             return None  # acks=0 produce: Kafka sends nothing back
         flexible_header = entry.response_is_flexible(context.version) and context.api_key != API_VERSIONS_KEY
-        body = response.encode(version=context.version)
+        if isinstance(response, FetchResult):
+            # Record bytes stay in the buffers they were read into, never joined into one frame.
+            parts = response.encode_buffers(context.version)
+        else:
+            parts = [response.encode(version=context.version)]
         head = response_header(context.correlation_id, flexible_header)
-        return struct.pack(">i", len(head) + len(body)) + head + body
+        size = len(head) + sum(len(part) for part in parts)
+        parts[0] = struct.pack(">i", size) + head + parts[0]
+        return parts
 
     async def _write_responses(self) -> None:
         while True:
@@ -110,7 +117,8 @@ class Connection:
                 self._drain_queue()
                 return
             if payload is not None:
-                self.writer.write(payload)
+                for part in payload:
+                    self.writer.write(part)
                 await self.writer.drain()
 
     def _drain_queue(self) -> None:
@@ -120,8 +128,8 @@ class Connection:
                 task.cancel()
 
 
-async def _ready(payload: bytes) -> bytes:
-    return payload
+async def _ready(payload: bytes) -> list[bytes | memoryview]:
+    return [payload]
 
 
 class BrokerServer:

@@ -282,7 +282,8 @@ class PartitionLog:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None, min_one: bool = True) -> bytes:
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None,
+             min_one: bool = True) -> bytes | memoryview:
         """Whole batches from the one holding `offset`, not reaching past `upper_bound`."""
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
