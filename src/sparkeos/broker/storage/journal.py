@@ -52,14 +52,20 @@ class Journal:
         self.records_written = len(records)
         return records
 
-    def append(self, records: list[dict[str, Any]]) -> None:
+    def append(self, records: list[dict[str, Any]], sync: bool = True) -> None:
+        """Write `records`; with `sync` (the default) they are on disk when this returns.
+
+        Without it they survive `kill -9` (the write reaches the page cache) and reach the disk
+        with the next synced append, or the kernel's own writeback.
+        """
         if not records:
             return
         frames = b"".join(_encode(record) for record in records)
         written = os.write(self._fd, frames)
         if written != len(frames):
             raise OSError(f"short write to {self.path}: {written} of {len(frames)} bytes")
-        os.fsync(self._fd)
+        if sync:
+            os.fsync(self._fd)
         self.records_written += len(records)
 
     def rewrite(self, records: Iterable[dict[str, Any]]) -> None:
