@@ -32,3 +32,13 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
 @pytest.fixture
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local Spark session (local[2]) shared by the whole test run, sparkeos.kafka registered."""
+    from spark_support import spark_session
+
+    session = spark_session()
+    yield session
+    session.stop()

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.admin import DescribeGroupsRequest, DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse
 from kafka.protocol.consumer import (
     HeartbeatRequest,
@@ -704,3 +704,27 @@ def test_offsets_log_is_compacted_and_reloaded(tmp_path: Path, topic_name: str) 
     with EmbeddedBroker(data_dir) as broker:
         assert committed_with_metadata(broker.bootstrap_servers, "compacted", topic_name, [0, 1]) == [
             (399, "m399"), (1399, "m399")]
+
+
+def test_delete_groups_removes_empty_groups_and_their_offsets(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic("t", 1)])["t"].result(10)
+    committer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "to-delete"})
+    committer.commit(offsets=[TopicPartition("t", 0, 42)], asynchronous=False)
+    member = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "busy", "session.timeout.ms": 6000})
+    member.subscribe(["t"])
+    deadline = time.monotonic() + 20
+    while not member.assignment() and time.monotonic() < deadline:
+        member.poll(0.2)
+    assert member.assignment()
+    results = admin.delete_consumer_groups(["to-delete", "busy", "never-existed"], request_timeout=10)
+    results["to-delete"].result(10)
+    for name, code in (("busy", "NON_EMPTY_GROUP"), ("never-existed", "GROUP_ID_NOT_FOUND")):
+        try:
+            results[name].result(10)
+            raise AssertionError(f"deleting {name} should fail")
+        except Exception as exc:  # noqa: BLE001 - the KafkaException carries the broker's code
+            assert code in str(exc)
+    assert committer.committed([TopicPartition("t", 0)], timeout=10)[0].offset < 0
+    member.close()
+    committer.close()

@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     api_versions,
     create_partitions,
     create_topics,
+    delete_groups,
     delete_records,
     delete_topics,
     describe_configs,

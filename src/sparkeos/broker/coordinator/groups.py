@@ -34,6 +34,9 @@ MEMBER_ID_REQUIRED = 79
 FENCED_INSTANCE_ID = 82
 UNSTABLE_OFFSET_COMMIT = 88
 
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
+
 EMPTY = "Empty"
 PREPARING_REBALANCE = "PreparingRebalance"
 COMPLETING_REBALANCE = "CompletingRebalance"
@@ -726,6 +729,22 @@ class GroupCoordinator:
         wanted = {s.lower() for s in states} if states else None
         return [(g.group_id, g.protocol_type or "", g.state) for g in self.groups.values()
                 if g.state != DEAD and (wanted is None or g.state.lower() in wanted)]
+
+    def delete_group(self, group_id: str) -> int:
+        """DeleteGroups: forget an empty group and its committed offsets; Kafka's error code otherwise."""
+        group = self.groups.get(group_id)
+        has_offsets = bool(self.offsets.group_offsets(group_id))
+        if (group is None or group.state == DEAD) and not has_offsets:
+            return GROUP_ID_NOT_FOUND
+        if group is not None and (group.members or group.state not in (EMPTY, DEAD)):
+            return NON_EMPTY_GROUP
+        if group is not None:
+            group.state = DEAD
+            del self.groups[group_id]
+        self.offsets.delete(group_id, None)
+        self.offsets.sync_now()
+        log.info("group %s deleted", group_id)
+        return 0
 
     # -- housekeeping ------------------------------------------------------------------------
 

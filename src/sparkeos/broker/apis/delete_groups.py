@@ -1,0 +1,18 @@
+"""DeleteGroups (42): remove empty groups and their committed offsets (admin tools, lag-tool clean-up)."""
+
+from __future__ import annotations
+
+from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
+
+from .registry import api
+
+Result = DeleteGroupsResponse.DeletableGroupResult
+
+
+@api(DeleteGroupsRequest, DeleteGroupsResponse, 0, 2)
+async def handle(broker, context, request):
+    return DeleteGroupsResponse(
+        throttle_time_ms=0,
+        results=[Result(group_id=group_id, error_code=broker.groups.delete_group(group_id))
+                 for group_id in request.groups_names],
+    )

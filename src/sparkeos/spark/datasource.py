@@ -1,0 +1,38 @@
+"""The `sparkeos.kafka` data source: Spark's Kafka connector names, read_committed reads, exactly-once writes."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
+from pyspark.sql.types import StructType
+
+from .options import parse_sink_options, parse_source_options
+from .sink import KafkaBatchWriter, KafkaStreamWriter, prepare_exactly_once, validate_input_schema
+from .source import KafkaBatchReader, KafkaStreamReader, source_schema
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "sparkeos.kafka"
+
+    def schema(self) -> StructType:
+        include = str(self.options.get("includeheaders", "false")).strip().lower() == "true"
+        return source_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(parse_source_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = parse_sink_options(self.options)
+        validate_input_schema(schema, options)
+        marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
+        return KafkaBatchWriter(options, marker_partitions)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        options = parse_sink_options(self.options)
+        validate_input_schema(schema, options)
+        marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
+        return KafkaStreamWriter(options, marker_partitions)

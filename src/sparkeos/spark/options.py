@@ -1,0 +1,407 @@
+"""Options of the `sparkeos.kafka` source and sink, parsed and validated once, up front.
+
+Names and meanings follow Spark's own Kafka connector (`startingOffsets`, `maxOffsetsPerTrigger`,
+`kafka.*` passed to the client, ...). Spark hands options over lower-cased, so every lookup here is
+case-insensitive, and every error names the option as the user spells it in Spark's documentation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Options Spark itself adds to a data source's options.
+SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
+
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_MARKER_TOPIC = "_sparkeos_sink_commits"
+
+
+class OptionError(ValueError):
+    """A `sparkeos.kafka` option is missing, unknown, malformed or contradicts another one."""
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """Where reading starts (or, for batch queries, ends) when no checkpoint says otherwise.
+
+    `kind` is "earliest", "latest", "group", "offsets" (per-partition offsets, -2 earliest, -1 latest),
+    "timestamp" (one timestamp for every partition) or "timestamps" (per-partition timestamps).
+    """
+
+    kind: str
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+    timestamp: int | None = None
+    option: str = "startingOffsets"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    subscribe: tuple[str, ...] = ()
+    subscribe_pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+    starting: StartSpec = StartSpec("latest")
+    ending: StartSpec = StartSpec("latest", option="endingOffsets")
+    timestamp_strategy: str = "error"
+    fail_on_data_loss: bool = True
+    poll_timeout_ms: int = 120_000
+    fetch_offset_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 10
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    include_headers: bool = False
+    group_id: str | None = None
+    commit_offsets_to_group: bool = False
+    kafka: dict[str, str] = field(default_factory=dict)
+
+    def describe_subscription(self) -> str:
+        if self.subscribe:
+            return f"subscribe={','.join(self.subscribe)}"
+        if self.subscribe_pattern is not None:
+            return f"subscribePattern={self.subscribe_pattern}"
+        return f"assign={json.dumps({t: list(p) for t, p in (self.assign or {}).items()})}"
+
+    def consumer_config(self) -> dict[str, str]:
+        """librdkafka settings for reading: the user's `kafka.*` over read_committed defaults."""
+        config = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "isolation.level": "read_committed",
+            "group.id": self.group_id or "sparkeos-reader",
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+            "enable.partition.eof": "true",
+        }
+        config.update(self.kafka)
+        config["bootstrap.servers"] = self.bootstrap_servers
+        # A reader consumes exactly [start, end) and never commits: Spark's checkpoint owns positions.
+        config["enable.auto.commit"] = "false"
+        config["enable.partition.eof"] = "true"
+        config["auto.offset.reset"] = "error" if self.fail_on_data_loss else "earliest"
+        return config
+
+    @property
+    def read_committed(self) -> bool:
+        return self.kafka.get("isolation.level", "read_committed") == "read_committed"
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap_servers: str
+    topic: str | None = None
+    delivery_guarantee: str = "exactly_once"
+    transactional_id_prefix: str | None = None
+    marker_topic: str = DEFAULT_MARKER_TOPIC
+    transaction_timeout_ms: int = 60_000
+    kafka: dict[str, str] = field(default_factory=dict)
+
+    def producer_config(self) -> dict[str, str]:
+        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": "5"}
+        if self.delivery_guarantee == "exactly_once":
+            config["enable.idempotence"] = "true"
+            config["transaction.timeout.ms"] = str(self.transaction_timeout_ms)
+        elif self.delivery_guarantee == "at_least_once":
+            config["enable.idempotence"] = "true"
+        config.update(self.kafka)
+        config["bootstrap.servers"] = self.bootstrap_servers
+        return config
+
+
+SOURCE_OPTIONS = {
+    "kafka.bootstrap.servers", "subscribe", "subscribePattern", "assign", "startingOffsets", "startingTimestamp",
+    "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "endingOffsets", "endingTimestamp",
+    "endingOffsetsByTimestamp", "failOnDataLoss", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "minPartitions", "maxRecordsPerPartition", "groupIdPrefix", "includeHeaders", "commitOffsetsToGroup",
+}
+BATCH_ONLY_SOURCE_OPTIONS = {"endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"}
+STREAM_ONLY_SOURCE_OPTIONS = {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
+SINK_OPTIONS = {
+    "kafka.bootstrap.servers", "topic", "deliveryGuarantee", "transactionalIdPrefix", "commitMarkerTopic",
+}
+DELIVERY_GUARANTEES = ("exactly_once", "at_least_once", "none")
+
+# librdkafka settings the connector owns; a user value would silently break its guarantees.
+SOURCE_OWNED_KAFKA = {
+    "kafka.enable.auto.commit": "Spark's checkpoint owns the read positions; offsets are never auto-committed",
+    "kafka.enable.partition.eof": "the reader needs end-of-partition events to finish ranges that end on markers",
+}
+SINK_OWNED_KAFKA = {
+    "kafka.transactional.id": "set the option transactionalIdPrefix instead; one id is derived per Spark partition",
+}
+
+
+class _Options:
+    """Case-insensitive view of Spark's options that remembers which ones were used."""
+
+    def __init__(self, raw: Mapping[str, str], known: set[str], what: str):
+        self.values = {key.lower(): str(value) for key, value in raw.items()}
+        self.canonical = {name.lower(): name for name in known}
+        self.what = what
+        self.check_unknown()
+
+    def check_unknown(self) -> None:
+        for key in self.values:
+            if key in self.canonical or key in SPARK_OWNED or key.startswith("kafka."):
+                continue
+            close = difflib.get_close_matches(key, self.canonical, n=1, cutoff=0.75)
+            hint = f"; did you mean '{self.canonical[close[0]]}'?" if close else ""
+            raise OptionError(f"unknown {self.what} option '{key}'{hint}")
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name.lower())
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self.values
+
+    def require(self, name: str) -> str:
+        value = self.get(name)
+        if value is None or not value.strip():
+            raise OptionError(f"option '{name}' is required by the {self.what}")
+        return value.strip()
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.get(name)
+        if value is None:
+            return default
+        lowered = value.strip().lower()
+        if lowered not in ("true", "false"):
+            raise OptionError(f"option '{name}' must be true or false, got {value!r}")
+        return lowered == "true"
+
+    def integer(self, name: str, default: int | None, minimum: int = 0) -> int | None:
+        value = self.get(name)
+        if value is None:
+            return default
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise OptionError(f"option '{name}' must be an integer, got {value!r}") from None
+        if number < minimum:
+            raise OptionError(f"option '{name}' must be at least {minimum}, got {number}")
+        return number
+
+    def kafka_params(self) -> dict[str, str]:
+        return {key[len("kafka."):]: value for key, value in self.values.items() if key.startswith("kafka.")}
+
+
+def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptions:
+    options = _Options(raw, SOURCE_OPTIONS, "sparkeos.kafka source")
+    for name in BATCH_ONLY_SOURCE_OPTIONS if streaming else STREAM_ONLY_SOURCE_OPTIONS:
+        if options.has(name):
+            kind = "streaming" if streaming else "batch"
+            raise OptionError(f"option '{name}' is not supported in {kind} queries")
+    for key, reason in SOURCE_OWNED_KAFKA.items():
+        if options.has(key):
+            raise OptionError(f"option '{key}' cannot be set: {reason}")
+    kafka = options.kafka_params()
+    isolation = kafka.get("isolation.level", "read_committed")
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise OptionError(
+            f"option 'kafka.isolation.level' must be read_committed or read_uncommitted, got {isolation!r}"
+        )
+    subscribe, pattern, assign = _parse_subscription(options)
+    group_id = kafka.get("group.id")
+    commit_to_group = options.boolean("commitOffsetsToGroup", group_id is not None)
+    if commit_to_group and group_id is None:
+        raise OptionError("option 'commitOffsetsToGroup' needs 'kafka.group.id' to name the group to commit to")
+    starting = _parse_start(options, default="latest" if streaming else "earliest", group_id=group_id)
+    if "auto.offset.reset" in kafka and starting.kind != "group":
+        raise OptionError(
+            "option 'kafka.auto.offset.reset' is only used with startingOffsets=group; "
+            "use 'startingOffsets' to choose where reading starts"
+        )
+    ending = StartSpec("latest", option="endingOffsets") if streaming else _parse_end(options)
+    strategy = (options.get("startingOffsetsByTimestampStrategy") or "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest, got {strategy!r}")
+    max_per_trigger = options.integer("maxOffsetsPerTrigger", None, minimum=1)
+    min_per_trigger = options.integer("minOffsetsPerTrigger", None, minimum=1)
+    if max_per_trigger is not None and min_per_trigger is not None and min_per_trigger > max_per_trigger:
+        raise OptionError(
+            f"option 'minOffsetsPerTrigger' ({min_per_trigger}) must not exceed 'maxOffsetsPerTrigger' "
+            f"({max_per_trigger})"
+        )
+    return SourceOptions(
+        bootstrap_servers=options.require("kafka.bootstrap.servers"),
+        subscribe=subscribe,
+        subscribe_pattern=pattern,
+        assign=assign,
+        starting=starting,
+        ending=ending,
+        timestamp_strategy=strategy,
+        fail_on_data_loss=options.boolean("failOnDataLoss", True),
+        poll_timeout_ms=options.integer("kafkaConsumer.pollTimeoutMs", 120_000, minimum=1),
+        fetch_offset_retries=options.integer("fetchOffset.numRetries", 3),
+        fetch_offset_retry_interval_ms=options.integer("fetchOffset.retryIntervalMs", 10),
+        max_offsets_per_trigger=max_per_trigger,
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=_parse_duration_ms(options, "maxTriggerDelay", "15m"),
+        min_partitions=options.integer("minPartitions", None, minimum=1),
+        max_records_per_partition=options.integer("maxRecordsPerPartition", None, minimum=1),
+        include_headers=options.boolean("includeHeaders", False),
+        group_id=group_id,
+        commit_offsets_to_group=commit_to_group,
+        kafka=kafka,
+    )
+
+
+def _parse_subscription(options: _Options) -> tuple[tuple[str, ...], str | None, dict[str, tuple[int, ...]] | None]:
+    given = [name for name in ("subscribe", "subscribePattern", "assign") if options.has(name)]
+    if len(given) != 1:
+        named = ", ".join(f"'{name}'" for name in given) or "none"
+        raise OptionError(f"exactly one of 'subscribe', 'subscribePattern' or 'assign' must be set (got {named})")
+    if given[0] == "subscribe":
+        topics = tuple(topic.strip() for topic in options.require("subscribe").split(",") if topic.strip())
+        if not topics:
+            raise OptionError("option 'subscribe' names no topic")
+        return topics, None, None
+    if given[0] == "subscribePattern":
+        pattern = options.require("subscribePattern")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise OptionError(f"option 'subscribePattern' is not a valid regular expression: {exc}") from None
+        return (), pattern, None
+    parsed = _json_object(options, "assign")
+    assign: dict[str, tuple[int, ...]] = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, list) or not all(isinstance(p, int) and p >= 0 for p in partitions):
+            raise OptionError(f"option 'assign': topic {topic!r} must map to a list of partition numbers")
+        assign[topic] = tuple(partitions)
+    if not assign:
+        raise OptionError("option 'assign' names no partition")
+    return (), None, assign
+
+
+def _parse_start(options: _Options, default: str, group_id: str | None) -> StartSpec:
+    names = ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
+    given = [name for name in names if options.has(name)]
+    if len(given) > 1:
+        raise OptionError(f"options {' and '.join(repr(n) for n in given)} contradict each other; set only one")
+    if not given:
+        return StartSpec(default)
+    name = given[0]
+    if name == "startingTimestamp":
+        return StartSpec("timestamp", timestamp=options.integer(name, None), option=name)
+    if name == "startingOffsetsByTimestamp":
+        return StartSpec("timestamps", offsets=_partition_map(options, name, minimum=0), option=name)
+    value = options.require(name)
+    if value.lower() in ("earliest", "latest"):
+        return StartSpec(value.lower(), option=name)
+    if value.lower() == "group":
+        if group_id is None:
+            raise OptionError("option 'startingOffsets' is 'group' but 'kafka.group.id' is not set")
+        return StartSpec("group", option=name)
+    return StartSpec("offsets", offsets=_partition_map(options, name, minimum=EARLIEST), option=name)
+
+
+def _parse_end(options: _Options) -> StartSpec:
+    given = [name for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp") if options.has(name)]
+    if len(given) > 1:
+        raise OptionError(f"options {' and '.join(repr(n) for n in given)} contradict each other; set only one")
+    if not given:
+        return StartSpec("latest", option="endingOffsets")
+    name = given[0]
+    if name == "endingTimestamp":
+        return StartSpec("timestamp", timestamp=options.integer(name, None), option=name)
+    if name == "endingOffsetsByTimestamp":
+        return StartSpec("timestamps", offsets=_partition_map(options, name, minimum=0), option=name)
+    value = options.require(name)
+    if value.lower() == "latest":
+        return StartSpec("latest", option=name)
+    if value.lower() == "earliest":
+        raise OptionError("option 'endingOffsets' cannot be 'earliest'")
+    offsets = _partition_map(options, name, minimum=LATEST)
+    return StartSpec("offsets", offsets=offsets, option=name)
+
+
+def _json_object(options: _Options, name: str) -> dict:
+    text = options.require(name)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option '{name}' is not valid JSON ({exc.msg} at position {exc.pos}): {text!r}") from None
+    if not isinstance(parsed, dict):
+        raise OptionError(f"option '{name}' must be a JSON object, got {text!r}")
+    return parsed
+
+
+def _partition_map(options: _Options, name: str, minimum: int) -> dict[str, dict[int, int]]:
+    """Parse Spark's `{"topic": {"0": 23, "1": -2}}` form."""
+    parsed = _json_object(options, name)
+    result: dict[str, dict[int, int]] = {}
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, dict) or not partitions:
+            raise OptionError(f"option '{name}': topic {topic!r} must map to an object of partition -> value")
+        result[topic] = {}
+        for partition, value in partitions.items():
+            if not str(partition).isdigit():
+                raise OptionError(f"option '{name}': partition {partition!r} of topic {topic!r} is not a number")
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise OptionError(
+                    f"option '{name}': value {value!r} for {topic}-{partition} must be an integer >= {minimum}"
+                )
+            result[topic][int(partition)] = value
+    return result
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _parse_duration_ms(options: _Options, name: str, default: str) -> int:
+    text = options.get(name) or default
+    match = _DURATION.match(text)
+    if not match:
+        raise OptionError(f"option '{name}' must be a duration such as 500ms, 30s or 15m, got {text!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(match.group(1)) * _UNIT_MS[unit]
+
+
+def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
+    options = _Options(raw, SINK_OPTIONS, "sparkeos.kafka sink")
+    for key, reason in SINK_OWNED_KAFKA.items():
+        if options.has(key):
+            raise OptionError(f"option '{key}' cannot be set: {reason}")
+    guarantee = (options.get("deliveryGuarantee") or "exactly_once").strip().lower().replace("-", "_")
+    if guarantee not in DELIVERY_GUARANTEES:
+        raise OptionError(
+            f"option 'deliveryGuarantee' must be one of {', '.join(DELIVERY_GUARANTEES)}, got "
+            f"{options.get('deliveryGuarantee')!r}"
+        )
+    kafka = options.kafka_params()
+    if guarantee == "exactly_once" and kafka.get("enable.idempotence", "true").lower() == "false":
+        raise OptionError("option 'kafka.enable.idempotence=false' contradicts deliveryGuarantee=exactly_once")
+    if guarantee != "exactly_once" and options.has("transactionalIdPrefix"):
+        raise OptionError(
+            f"option 'transactionalIdPrefix' only applies to deliveryGuarantee=exactly_once, not {guarantee}"
+        )
+    timeout = kafka.pop("transaction.timeout.ms", "60000")
+    try:
+        timeout_ms = int(timeout)
+    except ValueError:
+        raise OptionError(f"option 'kafka.transaction.timeout.ms' must be an integer, got {timeout!r}") from None
+    if timeout_ms < 1:
+        raise OptionError(f"option 'kafka.transaction.timeout.ms' must be positive, got {timeout_ms}")
+    topic = options.get("topic")
+    prefix = options.get("transactionalIdPrefix")
+    if prefix is not None and not prefix.strip():
+        raise OptionError("option 'transactionalIdPrefix' is empty")
+    return SinkOptions(
+        bootstrap_servers=options.require("kafka.bootstrap.servers"),
+        topic=topic.strip() if topic and topic.strip() else None,
+        delivery_guarantee=guarantee,
+        transactional_id_prefix=prefix.strip() if prefix else None,
+        marker_topic=(options.get("commitMarkerTopic") or DEFAULT_MARKER_TOPIC).strip(),
+        transaction_timeout_ms=timeout_ms,
+        kafka=kafka,
+    )

@@ -1,0 +1,450 @@
+"""The `sparkeos.kafka` sink, and the exactly-once protocol it runs (the one place it is stated).
+
+Invariant
+---------
+With ``deliveryGuarantee=exactly_once``, for every micro-batch B and every Spark partition p of the
+sink's input, the records that task (B, p) writes become visible to ``read_committed`` consumers
+exactly once, however often Spark runs the task: retries, speculative copies, and the replay of B
+after the driver died between the tasks' commits and Spark's commit log entry for B.
+
+Protocol
+--------
+1. One transactional.id per (sink, Spark partition): ``T = <prefix>-<p>``. The prefix is the option
+   ``transactionalIdPrefix``, else ``sparkeos-<query id>``; Spark keeps the query id in the checkpoint,
+   so a restarted query reuses its ids and two queries never share one.
+2. A durable commit marker "T has committed batch B" is written in the same Kafka transaction as the
+   records of (B, p), in two forms: the offset B+1 of group ``T`` on partition
+   ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
+   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
+   ``commitMarkerTopic``, a compacted topic without time retention. Group offsets expire after
+   ``offsets.retention.minutes`` of an idle group; the record does not, and is read when the group
+   offset is missing.
+3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
+   every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
+   marker is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
+   Otherwise it begins a transaction, produces the records, then the marker record and the marker
+   offset, and commits. Any error aborts the transaction (or discards a fenced producer) and fails the
+   task; Spark's retry decides again from step 3.
+4. A producer cached by the worker may have been fenced by another worker since. Each transaction
+   therefore starts with the marker offset (``send_offsets_to_transaction``), a synchronous round trip:
+   if it fails, the producer is replaced (``init_transactions``) and the marker read again, before any
+   input is consumed. A producer fenced after that point cannot commit; its commit fails the task.
+5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
+   written outside a transaction in exactly_once mode.
+
+What replay requires: Spark re-runs batch B from the offsets in its checkpoint, so (B, p) must
+receive the same records on replay: deterministic transformations (no unseeded ``rand()``,
+``uuid()`` or lookups of changing external data); shuffles, windows and watermarks of Spark are
+deterministic per batch. Empty tasks write no transaction at all.
+
+Batch writes (``df.write``) use the same protocol with B = 0 and ``T = <prefix>-<write id>-<p>``, a
+write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
+
+from . import failpoints
+from .clients import ClientCache
+from .cluster import KafkaCluster, connection_config
+from .options import SinkOptions
+from .source import HEADERS_TYPE
+
+log = logging.getLogger("sparkeos.sink")
+
+MARKER_PARTITIONS = 8
+MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
+
+
+# --- driver-side checks -------------------------------------------------------------------------
+
+
+def validate_input_schema(schema: StructType, options: SinkOptions) -> None:
+    """Spark's Kafka sink columns: value required; key, topic, partition, headers optional."""
+    fields = {field.name.lower(): field.dataType for field in schema.fields}
+    if "value" not in fields:
+        raise ValueError("the sparkeos.kafka sink needs a 'value' column (binary or string); the input has "
+                         f"{', '.join(schema.fieldNames()) or 'no columns'}")
+    expected = {
+        "value": (BinaryType, StringType), "key": (BinaryType, StringType), "topic": (StringType,),
+        "partition": (IntegerType,),
+    }
+    for column, types in expected.items():
+        if column in fields and not isinstance(fields[column], types):
+            names = " or ".join(t.typeName() for t in types)
+            raise ValueError(f"column '{column}' must be {names}, not {fields[column].simpleString()}")
+    if "headers" in fields and fields["headers"] != HEADERS_TYPE:
+        raise ValueError(f"column 'headers' must be {HEADERS_TYPE.simpleString()}, "
+                         f"not {fields['headers'].simpleString()}")
+    if "topic" not in fields and options.topic is None:
+        raise ValueError("no topic to write to: set the sink option 'topic' or give the input a 'topic' column")
+
+
+_prepared: dict[tuple, int] = {}
+
+
+def prepare_exactly_once(options: SinkOptions) -> int:
+    """Check the transaction timeout against the broker and create the marker topic; return its partitions.
+
+    Runs on the driver before any task, so a bad timeout fails the query before anything is written.
+    """
+    key = (options.bootstrap_servers, options.transaction_timeout_ms, options.marker_topic)
+    if key in _prepared:
+        return _prepared[key]
+    cluster = KafkaCluster(options.producer_config())
+    maximum = cluster.broker_config("transaction.max.timeout.ms")
+    if maximum is not None and options.transaction_timeout_ms > int(maximum):
+        raise ValueError(
+            f"kafka.transaction.timeout.ms={options.transaction_timeout_ms} is larger than the broker's "
+            f"transaction.max.timeout.ms={maximum}: lower the sink option 'kafka.transaction.timeout.ms' "
+            f"(or raise transaction.max.timeout.ms on the brokers)"
+        )
+    partitions = cluster.ensure_topic(options.marker_topic, MARKER_PARTITIONS, MARKER_TOPIC_CONFIG)
+    _prepared[key] = partitions
+    return partitions
+
+
+# --- commit messages ----------------------------------------------------------------------------
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    partition: int
+    batch: int
+    records: int
+    skipped: bool
+    transactional_id: str | None
+
+
+def report_commit(messages: list, batch: int, guarantee: str) -> str:
+    done = [m for m in messages if isinstance(m, SinkCommit)]
+    written = sum(m.records for m in done if not m.skipped)
+    skipped = sorted(m.partition for m in done if m.skipped)
+    summary = f"batch {batch} committed ({guarantee}): {len(done)} tasks, {written} records"
+    if skipped:
+        summary += f"; partitions {skipped} had already committed this batch and wrote nothing"
+    return summary
+
+
+# --- executor side ------------------------------------------------------------------------------
+
+
+class _Rows:
+    """The columns of one Arrow batch as Python lists, ready for Producer.produce."""
+
+    def __init__(self, batch: pa.RecordBatch, default_topic: str | None):
+        names = {name.lower(): i for i, name in enumerate(batch.schema.names)}
+        self.count = batch.num_rows
+        self.values = _bytes_column(batch, names["value"])
+        self.keys = _bytes_column(batch, names["key"]) if "key" in names else None
+        self.topics = batch.column(names["topic"]).to_pylist() if "topic" in names else None
+        self.partitions = batch.column(names["partition"]).to_pylist() if "partition" in names else None
+        self.headers = batch.column(names["headers"]).to_pylist() if "headers" in names else None
+        self.default_topic = default_topic
+
+    def produce_all(self, producer: Producer, on_delivery=None) -> None:
+        simple = self.topics is None and self.partitions is None and self.headers is None
+        keys = self.keys or [None] * self.count
+        for i in range(self.count):
+            if simple:
+                args = {"topic": self.default_topic, "value": self.values[i], "key": keys[i]}
+            else:
+                args = self._row(i, keys[i])
+            if on_delivery is not None:
+                args["on_delivery"] = on_delivery
+            _produce(producer, args)
+
+    def _row(self, i: int, key) -> dict:
+        topic = self.topics[i] if self.topics is not None and self.topics[i] is not None else self.default_topic
+        if topic is None:
+            raise ValueError("a row has a null 'topic' and the sink has no 'topic' option")
+        args = {"topic": topic, "value": self.values[i], "key": key}
+        if self.partitions is not None and self.partitions[i] is not None:
+            args["partition"] = self.partitions[i]
+        if self.headers is not None and self.headers[i]:
+            args["headers"] = [(h["key"], h["value"]) for h in self.headers[i]]
+        return args
+
+
+def _bytes_column(batch: pa.RecordBatch, index: int) -> list:
+    column = batch.column(index)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return [None if v is None else v.encode() for v in column.to_pylist()]
+    return column.to_pylist()
+
+
+def _produce(producer: Producer, args: dict) -> None:
+    while True:
+        try:
+            producer.produce(**args)
+            return
+        except BufferError:
+            producer.poll(0.05)  # local queue full: let deliveries drain
+
+
+def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
+    for batch in batches:
+        if batch.num_rows:
+            return batch, batches
+    return None, batches
+
+
+def _drain(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> int:
+    return (first.num_rows if first is not None else 0) + sum(b.num_rows for b in rest)
+
+
+def _task_context() -> tuple[int, int, str | None, int]:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("the sparkeos.kafka sink must run inside a Spark task")
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    query = context.getLocalProperty("sql.streaming.queryId")
+    return context.partitionId(), int(batch) if batch is not None else 0, query, context.attemptNumber()
+
+
+class _TransactionalWriter:
+    """One transactional.id's producer and marker reader, cached per Python worker."""
+
+    def __init__(self, options: SinkOptions, transactional_id: str, marker_partitions: int):
+        self.options = options
+        self.transactional_id = transactional_id
+        self.marker = TopicPartition(options.marker_topic, zlib.crc32(transactional_id.encode()) % marker_partitions)
+        config = options.producer_config()
+        config["transactional.id"] = transactional_id
+        self.producer = Producer(config)
+        consumer_config = connection_config(options.producer_config())
+        consumer_config.update({
+            "group.id": transactional_id, "isolation.level": "read_committed", "enable.auto.commit": "false",
+            "enable.partition.eof": "true", "auto.offset.reset": "earliest",
+        })
+        self.consumer = Consumer(consumer_config)
+        self.timeout_s = options.transaction_timeout_ms / 1000 + 30
+        self.producer.init_transactions(self.timeout_s)
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.producer.purge()
+        self.producer.flush(0)
+
+    def last_committed_batch(self) -> int | None:
+        committed = self.consumer.committed([self.marker], timeout=self.timeout_s)[0]
+        if committed.error is not None:
+            raise KafkaException(committed.error)
+        if committed.offset >= 0:
+            return committed.offset - 1
+        return self._scan_marker_records()
+
+    def _scan_marker_records(self) -> int | None:
+        """The newest marker record of T, for when the group offset is gone (or never existed)."""
+        cluster = KafkaCluster(self.options.producer_config())
+        tp = (self.marker.topic, self.marker.partition)
+        # Our last marker may sit above another id's open transaction: wait until everything written so
+        # far is decided, so the read_committed read below cannot stop short of it.
+        high = cluster.latest([tp], read_committed=False)[tp]
+        deadline = time.monotonic() + self.timeout_s
+        while (stable := cluster.latest([tp], read_committed=True)[tp]) < high:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.marker.topic}-{self.marker.partition} stayed unstable below {high}")
+            time.sleep(0.05)
+        start = cluster.earliest([tp])[tp]
+        found = None
+        if start < stable:
+            for value in self._read_records(start, stable):
+                found = value["batch"]
+        return found
+
+    def _read_records(self, start: int, end: int) -> Iterator[dict]:
+        self.consumer.assign([TopicPartition(self.marker.topic, self.marker.partition, start)])
+        try:
+            while True:
+                for message in self.consumer.consume(num_messages=1000, timeout=1.0):
+                    if message.error() is not None:
+                        if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= end:
+                            return
+                        if message.error().code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(message.error())
+                        continue
+                    if message.offset() >= end:
+                        return
+                    if message.key() == self.transactional_id.encode():
+                        yield json.loads(message.value())
+                    if message.offset() == end - 1:
+                        return
+        finally:
+            self.consumer.unassign()
+
+    def begin(self, batch: int) -> None:
+        """Open the transaction with the marker offset first: a synchronous round trip that fails here,
+        before any input is consumed, if another producer of this id has fenced us."""
+        self.producer.begin_transaction()
+        self.producer.send_offsets_to_transaction(
+            [TopicPartition(self.marker.topic, self.marker.partition, batch + 1)],
+            self.consumer.consumer_group_metadata(), self.timeout_s,
+        )
+
+    def write_and_commit(self, batch: int, query_id: str | None, first: pa.RecordBatch,
+                         rest: Iterator[pa.RecordBatch]) -> int:
+        records = 0
+        for arrow_batch in _chain(first, rest):
+            rows = _Rows(arrow_batch, self.options.topic)
+            rows.produce_all(self.producer)
+            records += rows.count
+        # The marker record goes last, so it holds back the marker partition's LSO only for the commit.
+        marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id}
+        self.producer.produce(self.marker.topic, key=self.transactional_id.encode(), value=json.dumps(marker).encode(),
+                              partition=self.marker.partition)
+        failpoints.fire("sink.before_commit")
+        self.producer.commit_transaction(self.timeout_s)
+        return records
+
+    def abort_quietly(self) -> None:
+        try:
+            self.producer.abort_transaction(self.timeout_s)
+        except KafkaException as exc:
+            log.warning("aborting the transaction of %s failed: %s", self.transactional_id, exc)
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest
+
+
+_writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close)
+
+
+def _writer_for(options: SinkOptions, transactional_id: str, marker_partitions: int) -> _TransactionalWriter:
+    key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
+    return _writers.get(key, lambda: _TransactionalWriter(options, transactional_id, marker_partitions))
+
+
+def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, query_id: str | None,
+                       marker_partitions: int, batches: Iterator[pa.RecordBatch], fresh_id: bool = False) -> SinkCommit:
+    """Steps 3 and 4 of the protocol for one task."""
+    partition = TaskContext.get().partitionId()
+    first, rest = _peek(batches)
+    if first is None:
+        return SinkCommit(partition, batch, 0, False, transactional_id)
+    writer = _writer_for(options, transactional_id, marker_partitions)
+    for attempt in range(2):
+        committed = None if fresh_id and attempt == 0 else writer.last_committed_batch()
+        if committed is not None and committed >= batch:
+            skipped = _drain(first, rest)
+            log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
+                     committed, skipped)
+            return SinkCommit(partition, batch, skipped, True, transactional_id)
+        try:
+            writer.begin(batch)
+            break
+        except KafkaException:
+            # Fenced (another worker initialised this id since we cached the producer) or broken:
+            # a new producer fences the others, and the marker is read again under its epoch.
+            _writers.forget(writer)
+            if attempt == 1:
+                raise
+            writer = _writer_for(options, transactional_id, marker_partitions)
+    try:
+        records = writer.write_and_commit(batch, query_id, first, rest)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.txn_requires_abort():
+            writer.abort_quietly()
+        else:
+            _writers.forget(writer)
+        raise
+    except BaseException:
+        writer.abort_quietly()
+        raise
+    failpoints.fire("sink.after_commit")
+    return SinkCommit(partition, batch, records, False, transactional_id)
+
+
+_plain_producers: ClientCache[Producer] = ClientCache(8, lambda producer: producer.flush(10))
+
+
+def write_without_transactions(options: SinkOptions, batch: int, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
+    """at_least_once: idempotent producer, every record acknowledged before the task succeeds.
+
+    none: records are handed to the producer and flushed; delivery errors are logged, not raised.
+    """
+    partition = TaskContext.get().partitionId()
+    key = json.dumps(options.producer_config(), sort_keys=True)
+    producer = _plain_producers.get(key, lambda: Producer(options.producer_config()))
+    errors: list[KafkaError] = []
+
+    def on_delivery(error, _message) -> None:
+        if error is not None:
+            errors.append(error)
+
+    records = 0
+    for arrow_batch in batches:
+        rows = _Rows(arrow_batch, options.topic)
+        rows.produce_all(producer, on_delivery)
+        records += rows.count
+    remaining = producer.flush(options.transaction_timeout_ms / 1000 + 30)
+    if options.delivery_guarantee == "at_least_once":
+        if remaining:
+            raise TimeoutError(f"{remaining} records were not acknowledged in time")
+        if errors:
+            raise KafkaException(errors[0])
+    elif errors or remaining:
+        log.warning("deliveryGuarantee=none: %d records failed, %d unacknowledged", len(errors), remaining)
+    return SinkCommit(partition, batch, records, False, None)
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions, marker_partitions: int):
+        self.options = options
+        self.marker_partitions = marker_partitions
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        partition, batch, query_id, _attempt = _task_context()
+        if self.options.delivery_guarantee != "exactly_once":
+            return write_without_transactions(self.options, batch, iterator)
+        prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
+        return write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id, self.marker_partitions,
+                                  iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        failpoints.fire("sink.driver_commit")
+        log.info(report_commit(messages, batchId, self.options.delivery_guarantee))
+
+    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        log.warning("batch %d aborted by Spark: %d of %d tasks had finished; Spark re-runs the batch and tasks "
+                    "whose marker shows it committed write nothing", batchId, len(done), len(messages))
+
+
+class KafkaBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: SinkOptions, marker_partitions: int):
+        self.options = options
+        self.marker_partitions = marker_partitions
+        self.write_id = uuid.uuid4().hex[:16]
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        partition, _batch, _query, attempt = _task_context()
+        if self.options.delivery_guarantee != "exactly_once":
+            return write_without_transactions(self.options, 0, iterator)
+        prefix = self.options.transactional_id_prefix or "sparkeos"
+        # A first attempt of a fresh id cannot have committed before: no marker to read.
+        return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
+                                  self.marker_partitions, iterator, fresh_id=attempt == 0)
+
+    def commit(self, messages: list) -> None:
+        log.info(report_commit(messages, 0, self.options.delivery_guarantee))
+
+    def abort(self, messages: list) -> None:
+        log.warning("write %s aborted by Spark after %d tasks finished", self.write_id,
+                    len([m for m in messages if isinstance(m, SinkCommit)]))

@@ -1,0 +1,508 @@
+"""The `sparkeos.kafka` source: Spark's Kafka source semantics on the Python Data Source API.
+
+The driver plans offset ranges [start, end) per Kafka partition; Spark writes them to the
+checkpoint's offset log before a batch runs, so a restarted query re-reads exactly the same ranges
+(offsets restored from the checkpoint always win over `startingOffsets`). Executors read one range
+each with librdkafka, `read_committed` by default, and yield Arrow record batches. Under
+read_committed a range may end on a control marker or on aborted records and may contain no visible
+record at all; the reader therefore finishes on the first offset >= end or on an end-of-partition
+event at or past the end, never by counting records.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+try:  # SupportsTriggerAvailableNow arrived in pyspark 4.2
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - older pyspark
+    SupportsTriggerAvailableNow = object  # type: ignore[misc,assignment]
+
+from .clients import ClientCache
+from .cluster import KafkaCluster
+from .options import EARLIEST, LATEST, SourceOptions, StartSpec
+
+log = logging.getLogger("sparkeos.source")
+
+Partition = tuple[str, int]
+Offsets = dict[Partition, int]
+
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def source_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema, column for column."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", HEADERS_TYPE))
+    return StructType(fields)
+
+
+ARROW_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    fields = [
+        ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+        ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(("headers", ARROW_HEADERS))
+    return pa.schema(fields)
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query still has to read are gone from Kafka and failOnDataLoss is true."""
+
+
+def encode_offsets(offsets: Offsets) -> dict:
+    """Spark's Kafka offset JSON: {"topic": {"0": 23}}, sorted so equal offsets compare equal."""
+    encoded: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        encoded.setdefault(topic, {})[str(partition)] = offset
+    return encoded
+
+
+def decode_offsets(encoded: dict | None) -> Offsets:
+    return {(topic, int(p)): int(o) for topic, parts in (encoded or {}).items() for p, o in parts.items()}
+
+
+def data_loss_message(what: str) -> str:
+    return (
+        f"{what}; the data was deleted by retention or DeleteRecords, or the topic was deleted, before the "
+        "query read it. Set the source option failOnDataLoss=false to skip what was lost."
+    )
+
+
+# --- planning (driver) --------------------------------------------------------------------------
+
+
+class OffsetPlanner:
+    """Resolves start/end specifications to concrete offsets on the driver."""
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self.cluster = KafkaCluster(options.consumer_config())
+
+    def partitions(self) -> list[Partition]:
+        o = self.options
+        return self.cluster.partitions_of(o.subscribe, o.subscribe_pattern, o.assign)
+
+    def latest(self, partitions: Sequence[Partition]) -> Offsets:
+        return self.cluster.latest(partitions, self.options.read_committed)
+
+    def resolve(self, spec: StartSpec, partitions: Sequence[Partition], ending: bool = False) -> Offsets:
+        if spec.kind == "earliest":
+            return self.cluster.earliest(partitions)
+        if spec.kind == "latest":
+            return self.latest(partitions)
+        if spec.kind == "group":
+            return self._group_offsets(partitions)
+        if spec.kind == "offsets":
+            return self._specific_offsets(spec, partitions)
+        return self._timestamp_offsets(spec, partitions, ending)
+
+    def _group_offsets(self, partitions: Sequence[Partition]) -> Offsets:
+        committed = self.cluster.group_offsets(self.options.group_id or "", partitions)
+        missing = [p for p in partitions if p not in committed]
+        if missing:
+            reset = self.options.kafka.get("auto.offset.reset", "latest").lower()
+            if reset in ("earliest", "smallest", "beginning"):
+                committed.update(self.cluster.earliest(missing))
+            elif reset in ("latest", "largest", "end"):
+                committed.update(self.latest(missing))
+            else:
+                named = ", ".join(f"{t}-{p}" for t, p in missing)
+                raise ValueError(
+                    f"startingOffsets=group: group {self.options.group_id!r} has no committed offset for {named} "
+                    f"and kafka.auto.offset.reset={reset!r} says not to guess"
+                )
+        return committed
+
+    def _specific_offsets(self, spec: StartSpec, partitions: Sequence[Partition]) -> Offsets:
+        given = {(t, p): o for t, parts in spec.offsets.items() for p, o in parts.items()}
+        if self.options.assign is not None or self.options.subscribe:
+            unmatched = sorted(set(partitions) - set(given))
+            if unmatched and spec.option == "startingOffsets":
+                named = ", ".join(f"{t}-{p}" for t, p in unmatched)
+                raise ValueError(f"option '{spec.option}' must give an offset for every partition; missing {named}")
+        earliest = [p for p, o in given.items() if o == EARLIEST]
+        latest = [p for p, o in given.items() if o == LATEST]
+        resolved = dict(given)
+        resolved.update(self.cluster.earliest(earliest))
+        resolved.update(self.latest(latest))
+        # Partitions the map leaves out (subscribePattern) start at earliest, as new partitions do.
+        resolved.update(self.cluster.earliest([p for p in partitions if p not in resolved]))
+        return {p: resolved[p] for p in partitions if p in resolved}
+
+    def _timestamp_offsets(self, spec: StartSpec, partitions: Sequence[Partition], ending: bool) -> Offsets:
+        if spec.kind == "timestamp":
+            per_partition = {p: spec.timestamp for p in partitions}
+        else:
+            per_partition = {(t, p): ts for t, parts in spec.offsets.items() for p, ts in parts.items()}
+            unknown = sorted(set(per_partition) - set(partitions))
+            if unknown:
+                named = ", ".join(f"{t}-{p}" for t, p in unknown)
+                raise ValueError(f"option '{spec.option}' names partitions that are not read: {named}")
+        resolved: Offsets = {}
+        by_timestamp: dict[int, list[Partition]] = {}
+        for partition, timestamp in per_partition.items():
+            by_timestamp.setdefault(int(timestamp or 0), []).append(partition)
+        latest = self.latest(partitions)
+        for timestamp, group in by_timestamp.items():
+            for partition, offset in self.cluster.for_timestamp(group, timestamp).items():
+                if offset >= 0:
+                    resolved[partition] = min(offset, latest[partition])
+                elif ending or self.options.timestamp_strategy == "latest":
+                    resolved[partition] = latest[partition]
+                else:
+                    raise ValueError(
+                        f"option '{spec.option}': no record in {partition[0]}-{partition[1]} has a timestamp "
+                        f">= {timestamp}; set startingOffsetsByTimestampStrategy=latest to start at the end"
+                    )
+        for partition in partitions:
+            resolved.setdefault(partition, latest[partition])
+        return resolved
+
+    def check_data_loss(self, start: Offsets, partitions: Sequence[Partition]) -> Offsets:
+        """Where planned start offsets are gone, fail or (failOnDataLoss=false) move to what is left."""
+        live = set(partitions)
+        vanished = [p for p in start if p not in live]
+        if vanished and self.options.fail_on_data_loss:
+            named = ", ".join(f"{t}-{p}" for t, p in vanished)
+            raise DataLossError(data_loss_message(f"partitions {named} no longer exist"))
+        present = {p: o for p, o in start.items() if p in live}
+        earliest = self.cluster.earliest(list(present))
+        adjusted = dict(present)
+        for partition, offset in present.items():
+            if offset < earliest[partition]:
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(data_loss_message(
+                        f"offsets {offset}..{earliest[partition]} of {partition[0]}-{partition[1]} are gone"
+                    ))
+                log.warning("skipping lost offsets %d..%d of %s-%d", offset, earliest[partition], *partition)
+                adjusted[partition] = earliest[partition]
+        return adjusted
+
+
+def rate_limit(begin: Offsets, end: Offsets, max_records: int) -> Offsets:
+    """Spread `max_records` over partitions in proportion to their backlog, as Spark's Kafka source does."""
+    sizes = {p: max(end[p] - begin.get(p, end[p]), 0) for p in end}
+    total = sum(sizes.values())
+    if total <= max_records:
+        return dict(end)
+    limited = {}
+    for partition, size in sizes.items():
+        start = begin.get(partition, end[partition])
+        share = max_records * (size / total)
+        step = math.ceil(share) if share < 1 else math.floor(share)
+        limited[partition] = min(start + step, end[partition])
+    return limited
+
+
+class KafkaRange(InputPartition):
+    """One Spark task's share: offsets [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+    @property
+    def size(self) -> int:
+        return max(self.end - self.start, 0)
+
+
+def plan_ranges(begin: Offsets, end: Offsets, min_partitions: int | None,
+                max_records: int | None) -> list[KafkaRange]:
+    ranges = [KafkaRange(t, p, begin[(t, p)], end[(t, p)]) for (t, p) in sorted(end) if end[(t, p)] > begin[(t, p)]]
+    if max_records:
+        ranges = [piece for r in ranges for piece in _split(r, math.ceil(r.size / max_records))]
+    if min_partitions and len(ranges) < min_partitions:
+        total = sum(r.size for r in ranges)
+        ranges = [piece for r in ranges for piece in _split(r, max(round(r.size / total * min_partitions), 1))]
+    return ranges
+
+
+def _split(whole: KafkaRange, parts: int) -> list[KafkaRange]:
+    if parts <= 1:
+        return [whole]
+    bounds = [whole.start + (whole.size * i) // parts for i in range(parts + 1)]
+    return [KafkaRange(whole.topic, whole.partition, a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._planner: OffsetPlanner | None = None
+        self.latest_seen: Offsets | None = None
+        self.available_now_target: Offsets | None = None
+        self.last_trigger_ms = time.time() * 1000
+        self._group_committer = None
+
+    def __getstate__(self) -> dict:
+        # Spark ships the reader to executors for read(); Kafka clients stay on the driver.
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["options"])
+
+    @property
+    def planner(self) -> OffsetPlanner:
+        if self._planner is None:
+            self._planner = OffsetPlanner(self.options)
+        return self._planner
+
+    def initialOffset(self) -> dict:
+        partitions = self.planner.partitions()
+        offsets = self.planner.resolve(self.options.starting, partitions)
+        log.info("initial offsets from %s: %s", self.options.starting.option, offsets)
+        return encode_offsets(offsets)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        partitions = self.planner.partitions()
+        self.available_now_target = self.planner.latest(partitions)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = decode_offsets(start)
+        if self.available_now_target is not None:
+            partitions = sorted(self.available_now_target)
+            latest = dict(self.available_now_target)
+        else:
+            partitions = self.planner.partitions()
+            latest = self.planner.latest(partitions)
+        self.latest_seen = latest
+        begin = self.planner.check_data_loss(begin, partitions)
+        new = [p for p in partitions if p not in begin]
+        if new:
+            log.info("new partitions %s are read from earliest", new)
+            begin.update(self.planner.cluster.earliest(new))
+        for partition in partitions:
+            if latest[partition] < begin[partition]:
+                what = (f"the end of {partition[0]}-{partition[1]} went back from {begin[partition]} "
+                        f"to {latest[partition]}")
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(data_loss_message(what))
+                latest[partition] = begin[partition]
+        end = self._admit(begin, latest, limit)
+        if end != begin:
+            self.last_trigger_ms = time.time() * 1000
+        return encode_offsets(end)
+
+    def _admit(self, begin: Offsets, latest: Offsets, limit: ReadLimit) -> Offsets:
+        if isinstance(limit, ReadAllAvailable):
+            return latest
+        available = sum(latest[p] - begin[p] for p in latest)
+        minimum = self.options.min_offsets_per_trigger
+        waited_ms = time.time() * 1000 - self.last_trigger_ms
+        if minimum is not None and available < minimum and waited_ms < self.options.max_trigger_delay_ms:
+            return begin
+        maximum = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_offsets_per_trigger
+        return rate_limit(begin, latest, maximum) if maximum is not None else latest
+
+    def reportLatestOffset(self) -> dict | None:
+        return encode_offsets(self.latest_seen) if self.latest_seen is not None else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = decode_offsets(start)
+        finish = decode_offsets(end)
+        new = [p for p in finish if p not in begin]
+        if new:
+            begin.update(self.planner.cluster.earliest(new))
+        return plan_ranges(begin, finish, self.options.min_partitions, self.options.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        if not self.options.commit_offsets_to_group:
+            return
+        # Lag tools only: exactly-once never reads these back (the checkpoint owns positions).
+        try:
+            self._commit_to_group(decode_offsets(end))
+        except Exception as exc:  # noqa: BLE001 - a lag report must never fail the query
+            log.warning("committing offsets to group %r failed: %s", self.options.group_id, exc)
+
+    def _commit_to_group(self, offsets: Offsets) -> None:
+        if self._group_committer is None:
+            config = self.options.consumer_config()
+            config["group.id"] = self.options.group_id or ""
+            self._group_committer = Consumer(config)
+        self._group_committer.commit(
+            offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+        )
+
+    def stop(self) -> None:
+        if self._group_committer is not None:
+            self._group_committer.close()
+            self._group_committer = None
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        planner = OffsetPlanner(options)
+        partitions = planner.partitions()
+        self.start = planner.check_data_loss(planner.resolve(options.starting, partitions), partitions)
+        self.end = planner.resolve(options.ending, partitions, ending=True)
+        for partition, end in self.end.items():
+            if end < self.start.get(partition, end):
+                raise ValueError(
+                    f"endingOffsets {end} of {partition[0]}-{partition[1]} is before its starting offset "
+                    f"{self.start[partition]}"
+                )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return plan_ranges(self.start, self.end, self.options.min_partitions, self.options.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition)
+
+
+# --- reading (executors) ------------------------------------------------------------------------
+
+ROWS_PER_ARROW_BATCH = 8192
+_consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close)
+
+
+def _cached_consumer(config: dict[str, str]) -> Consumer:
+    """One consumer per Python worker and configuration: connections survive from task to task."""
+    return _consumers.get(json.dumps(config, sort_keys=True), lambda: Consumer(config))
+
+
+class _ArrowBuilder:
+    def __init__(self, topic: str, partition: int, include_headers: bool):
+        self.topic, self.partition, self.include_headers = topic, partition, include_headers
+        self.schema = arrow_schema(include_headers)
+        self.reset()
+
+    def reset(self) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.offsets: list = []
+        self.timestamps: list = []
+        self.types: list = []
+        self.headers: list = []
+
+    def add(self, message) -> None:
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        self.offsets.append(message.offset())
+        kind, timestamp = message.timestamp()
+        self.timestamps.append(timestamp * 1000 if kind else None)
+        # librdkafka: 0 none, 1 create time, 2 log append time; Spark: -1, 0, 1.
+        self.types.append(kind - 1)
+        if self.include_headers:
+            self.headers.append(message.headers() or [])
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def build(self) -> pa.RecordBatch:
+        count = len(self.offsets)
+        columns = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * count, pa.string()),
+            pa.array([self.partition] * count, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            pa.array(self.types, pa.int32()),
+        ]
+        if self.include_headers:
+            columns.append(pa.array(self.headers, ARROW_HEADERS))
+        batch = pa.RecordBatch.from_arrays(columns, schema=self.schema)
+        self.reset()
+        return batch
+
+
+def read_range(options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
+    """Yield the visible records of offsets [start, end) of one partition, then stop."""
+    if task.start >= task.end:
+        return
+    consumer = _cached_consumer(options.consumer_config())
+    consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
+    builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
+    timeout_s = options.poll_timeout_ms / 1000
+    idle_since = time.monotonic()
+    next_offset = task.start
+    try:
+        done = False
+        while not done:
+            # consume() waits for num_messages or the timeout; asking for no more than the range can
+            # still hold (data, markers and the end-of-partition event count) returns without waiting.
+            wanted = max(min(task.end - next_offset, ROWS_PER_ARROW_BATCH), 1)
+            messages = consumer.consume(num_messages=wanted, timeout=min(timeout_s, 0.2))
+            if not messages:
+                if time.monotonic() - idle_since > timeout_s:
+                    raise TimeoutError(
+                        f"reading {task.topic}-{task.partition} offsets [{task.start}, {task.end}) got nothing for "
+                        f"{timeout_s:.0f} s (kafkaConsumer.pollTimeoutMs)"
+                    )
+                continue
+            idle_since = time.monotonic()
+            for message in messages:
+                done = _take(message, task, builder, options.fail_on_data_loss)
+                if done:
+                    break
+                next_offset = max(next_offset, message.offset() + 1)
+            if len(builder) >= ROWS_PER_ARROW_BATCH:
+                yield builder.build()
+        if len(builder):
+            yield builder.build()
+    finally:
+        consumer.unassign()
+
+
+def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: bool) -> bool:
+    """Add one message; True once the range is finished."""
+    error = message.error()
+    if error is not None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            # The end of what is readable (LSO under read_committed): finished if it reached `end`.
+            return message.offset() >= task.end
+        if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            if fail_on_data_loss:
+                raise DataLossError(data_loss_message(
+                    f"offsets [{task.start}, {task.end}) of {task.topic}-{task.partition} are no longer in Kafka"
+                ))
+            return False
+        raise KafkaException(error)
+    offset = message.offset()
+    if offset >= task.end:
+        return True
+    builder.add(message)
+    return offset == task.end - 1

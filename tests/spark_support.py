@@ -1,0 +1,149 @@
+"""Helpers for the Spark connector tests: a real local Spark session, real clients, independent readers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
+
+
+def spark_session(master: str = "local[2]"):
+    """One SparkSession per test process (starting a JVM costs ~10 s); sparkeos.kafka registered."""
+    import sparkeos.spark
+
+    FAILPOINT_DIR.mkdir(parents=True, exist_ok=True)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    return sparkeos.spark.session(
+        "sparkeos-tests",
+        master=master,
+        config={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.streaming.stopTimeout": "30s",
+            "spark.driver.memory": "1g",
+            "spark.python.worker.reuse": "true",
+        },
+    )
+
+
+def arm_failpoint(name: str) -> Path:
+    FAILPOINT_DIR.mkdir(parents=True, exist_ok=True)
+    path = FAILPOINT_DIR / name
+    path.touch()
+    return path
+
+
+def fired(name: str) -> bool:
+    return (FAILPOINT_DIR / f"{name}.fired").exists()
+
+
+def clear_failpoints() -> None:
+    for path in FAILPOINT_DIR.glob("*"):
+        path.unlink()
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, config=config or {})])
+    futures[name].result(30)
+    return name
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def produce(bootstrap: str, topic: str, values: Iterable[bytes | str], keys: Iterable | None = None,
+            partition: int | None = None, headers=None) -> int:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    count = 0
+    keys_list = list(keys) if keys is not None else None
+    for i, value in enumerate(values):
+        args = {"value": value.encode() if isinstance(value, str) else value}
+        if keys_list is not None:
+            key = keys_list[i]
+            args["key"] = key.encode() if isinstance(key, str) else key
+        if partition is not None:
+            args["partition"] = partition
+        if headers is not None:
+            args["headers"] = headers
+        producer.produce(topic, **args)
+        count += 1
+    assert producer.flush(30) == 0
+    return count
+
+
+def produce_transaction(bootstrap: str, topic: str, values: Iterable[bytes | str], commit: bool,
+                        partition: int = 0, transactional_id: str | None = None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id or unique("txn")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value=value.encode() if isinstance(value, str) else value, partition=partition)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)
+        producer.abort_transaction(30)
+
+
+def read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0, with_meta: bool = False) -> list:
+    """Every visible record of `topic` (all partitions, read_committed), read by an independent consumer."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": unique("audit"), "isolation.level": "read_committed",
+        "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+    })
+    metadata = consumer.list_topics(topic, timeout=10)
+    partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
+    if not partitions or metadata.topics[topic].error is not None:
+        consumer.close()
+        return []
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    # read until every partition reports EOF at its current last stable offset
+    ends = {}
+    for p in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+        ends[p] = high
+    pending = {p for p in partitions if ends[p] > 0}
+    records = []
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for message in consumer.consume(500, 0.2):
+            if message.error() is not None:
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    if message.offset() >= ends[message.partition()]:
+                        pending.discard(message.partition())
+                    continue
+                raise AssertionError(message.error())
+            if with_meta:
+                records.append((message.partition(), message.offset(), message.key(), message.value(),
+                                message.headers()))
+            else:
+                records.append(message.value())
+    consumer.close()
+    assert not pending, f"reading {topic} timed out with partitions {pending} unfinished"
+    return records
+
+
+def counts(values: Iterable) -> Counter:
+    return Counter(values)
+
+
+def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,211 @@
+"""The exactly-once protocol of the sparkeos.kafka sink (stated in sparkeos/spark/sink.py), tested in one place.
+
+Real broker over TCP, real local Spark. Failures are injected at each step of the protocol; the query
+is then restarted from its checkpoint, and an independent read_committed consumer checks the output:
+every expected record exactly once, nothing else.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from pyspark.errors import StreamingQueryException
+
+from spark_support import (
+    arm_failpoint,
+    clear_failpoints,
+    create_topic,
+    fired,
+    produce,
+    read_committed,
+    unique,
+)
+from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+
+
+def start_pipeline(spark, bootstrap: str, source: str, sink: str, checkpoint: str, **sink_options):
+    """Kafka -> map (value + '!') -> Kafka, exactly once."""
+    from pyspark.sql import functions as F
+
+    frame = (
+        spark.readStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "300")
+        .load()
+        .select("key", F.concat("value", F.lit(b"!")).alias("value"))
+    )
+    writer = (
+        frame.writeStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", sink)
+        .option("checkpointLocation", checkpoint)
+    )
+    for key, value in sink_options.items():
+        writer = writer.option(key, value)
+    return writer.start()
+
+
+def run_until_failure_then_restart(spark, bootstrap, source, sink, checkpoint, failpoint: str, **sink_options):
+    query = start_pipeline(spark, bootstrap, source, sink, checkpoint, **sink_options)
+    with pytest.raises(StreamingQueryException) as failure:
+        query.awaitTermination(120)
+        query.processAllAvailable()
+    assert fired(failpoint), f"{failpoint} never ran"
+    assert "failpoint" in str(failure.value)
+    query = start_pipeline(spark, bootstrap, source, sink, checkpoint, **sink_options)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def forget_last_commit(checkpoint) -> int:
+    """Put the checkpoint in the state of a driver that died after the sink committed its newest batch
+    but before Spark's commit log recorded it: Spark will run that batch again."""
+    commits = checkpoint / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)
+    return last
+
+
+def expected_output(count: int) -> Counter:
+    return Counter(f"{i}!".encode() for i in range(count))
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints_left():
+    clear_failpoints()
+    yield
+    clear_failpoints()
+
+
+@pytest.mark.parametrize("failpoint", ["sink.before_commit", "sink.after_commit", "sink.driver_commit"])
+def test_failure_inside_the_protocol_then_restart_is_exact(spark, broker, tmp_path, failpoint):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=3)
+    sink = create_topic(bootstrap, unique("out"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(1500)])
+    arm_failpoint(failpoint)
+    run_until_failure_then_restart(spark, bootstrap, source, sink, str(tmp_path / "ck"), failpoint)
+    assert Counter(read_committed(bootstrap, sink)) == expected_output(1500)
+
+
+def test_replayed_batch_is_skipped_by_every_task(spark, broker, tmp_path):
+    """The driver dies after all tasks committed batch B but before Spark's commit log records B.
+
+    Deleting B's commit-log entry is exactly that state: on restart Spark re-runs B, and every task must
+    find its marker and write nothing.
+    """
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(500)])
+    checkpoint = tmp_path / "ck"
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint))
+    query.processAllAvailable()
+    query.stop()
+    last = forget_last_commit(checkpoint)
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint))
+    query.processAllAvailable()
+    progress = [p for p in query.recentProgress if p["batchId"] == last]
+    query.stop()
+    assert progress and progress[0]["numInputRows"] > 0, "batch was not replayed"
+    assert Counter(read_committed(bootstrap, sink)) == expected_output(500)
+
+
+def test_marker_record_survives_when_group_offsets_are_gone(spark, broker, tmp_path):
+    """Group offsets expire after offsets.retention.minutes; the marker record in the compacted topic must
+    still stop a replay. Deleting the marker groups' offsets simulates the expiry."""
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(400)])
+    checkpoint = tmp_path / "ck"
+    prefix = unique("eos")
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint), transactionalIdPrefix=prefix)
+    query.processAllAvailable()
+    query.stop()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    groups = [g.group_id for g in admin.list_consumer_groups().result(30).valid if g.group_id.startswith(prefix)]
+    assert groups, "no marker groups were committed"
+    for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
+        future.result(30)
+    forget_last_commit(checkpoint)
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint), transactionalIdPrefix=prefix)
+    query.processAllAvailable()
+    query.stop()
+    assert Counter(read_committed(bootstrap, sink)) == expected_output(400)
+
+
+def test_zombie_producer_is_fenced_and_its_records_never_visible(spark, broker, tmp_path):
+    """A task attempt that outlived its replacement (a zombie) holds an open transaction on the same id.
+
+    The replacement's init_transactions fences it: its commit fails and its records stay invisible.
+    """
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(200)])
+    prefix = unique("eos")
+    zombie = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{prefix}-0"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    for i in range(50):
+        zombie.produce(sink, value=f"zombie-{i}".encode())
+    zombie.flush(30)
+    query = start_pipeline(spark, bootstrap, source, sink, str(tmp_path / "ck"), transactionalIdPrefix=prefix)
+    query.processAllAvailable()
+    query.stop()
+    with pytest.raises(KafkaException):
+        zombie.commit_transaction(30)
+    assert Counter(read_committed(bootstrap, sink)) == expected_output(200)
+
+
+def test_no_record_is_written_outside_a_transaction(spark, broker, tmp_path):
+    """Under read_uncommitted every record of the sink topic belongs to a committed transaction: the
+    output read uncommitted equals the output read committed when no failure happened."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(600)])
+    query = start_pipeline(spark, bootstrap, source, sink, str(tmp_path / "ck"))
+    query.processAllAvailable()
+    query.stop()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), "isolation.level": "read_uncommitted",
+                         "enable.partition.eof": True})
+    consumer.assign([TopicPartition(sink, 0, 0)])
+    uncommitted = []
+    while True:
+        message = consumer.poll(5)
+        assert message is not None
+        if message.error():
+            break
+        uncommitted.append(message.value())
+    consumer.close()
+    assert Counter(uncommitted) == expected_output(600) == Counter(read_committed(bootstrap, sink))
+
+
+def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(900)])
+    prefix = unique("eos")
+    query = start_pipeline(spark, bootstrap, source, sink, str(tmp_path / "ck"), transactionalIdPrefix=prefix)
+    query.processAllAvailable()
+    batches = {p["batchId"] for p in query.recentProgress if p["numInputRows"] > 0}
+    query.stop()
+    import json
+
+    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    ours = [m for m in markers if m["transactional_id"].startswith(prefix)]
+    assert {m["transactional_id"] for m in ours} <= {f"{prefix}-0", f"{prefix}-1"}
+    assert {m["batch"] for m in ours} == batches
+    assert sum(m["records"] for m in ours) == 900
