@@ -204,7 +204,7 @@ class _CrashAfterFirstMarker:
         self.markers_written: list[tuple[str, int]] = []
 
     def write_markers(self, partitions: list[tuple[str, int]], producer_id: int, producer_epoch: int,
-                      commit: bool) -> None:
+                      commit: bool, sync: bool = True) -> None:
         partition_log = self.store.partition(*partitions[0])
         if self.index_only:
             # The first half of PartitionLog.write_marker for an abort; no public way to stop there.

@@ -136,12 +136,19 @@ class Broker:
         return self.store.partition(topic, partition) is not None
 
     def write_markers(self, partitions: list[tuple[str, int]], producer_id: int, producer_epoch: int,
-                      commit: bool) -> None:
+                      commit: bool, sync: bool = True) -> None:
         for topic, index in partitions:
             partition_log = self.store.partition(topic, index)
             if partition_log is not None:  # a deleted topic needs no marker
-                partition_log.write_marker(producer_id, producer_epoch, commit)
+                partition_log.write_marker(producer_id, producer_epoch, commit, sync=sync)
         self.notify_appended()
+
+    async def sync_markers(self, partitions: list[tuple[str, int]]) -> None:
+        for topic, index in partitions:
+            partition_log = self.store.partition(topic, index)
+            if partition_log is not None:
+                # Whatever --fsync says: the Complete record must never reach the disk before a marker.
+                await self.make_durable(partition_log, always=True)
 
     def complete_group_offsets(self, group: str, producer_id: int, commit: bool) -> None:
         self.groups.complete_transaction(group, producer_id, commit)
@@ -169,9 +176,11 @@ class Broker:
 
     # -- durability --------------------------------------------------------------------------
 
-    async def make_durable(self, partition_log: PartitionLog) -> None:
-        """fsync the partition before an acks=-1 answer; concurrent callers share one fsync."""
-        if self.config.fsync != "always":
+    async def make_durable(self, partition_log: PartitionLog, always: bool = False) -> None:
+        """fsync the partition before an acks=-1 answer; concurrent callers share one fsync.
+
+        With fsync=interval only `always` callers sync here."""
+        if self.config.fsync != "always" and not always:
             return
         target = partition_log.log_end_offset
         lock = self._sync_locks.setdefault(partition_log, asyncio.Lock())
@@ -218,6 +227,7 @@ class Broker:
                 await self._housekeeping
             except asyncio.CancelledError:
                 pass
+        await self.transactions.wait_all_completed()
         self._sync_pool.shutdown(wait=True)
         self.groups.close()
         self.transactions.close()

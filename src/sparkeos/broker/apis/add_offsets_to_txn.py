@@ -13,6 +13,7 @@ from .registry import api
 
 @api(AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3)
 async def handle(broker, context, request):
+    await broker.transactions.wait_completed(request.transactional_id)
     try:
         broker.transactions.add_offsets(request.transactional_id, request.producer_id, request.producer_epoch,
                                         request.group_id, int(time.time() * 1000),

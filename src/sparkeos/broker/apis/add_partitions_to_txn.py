@@ -16,6 +16,7 @@ PartitionResult = TopicResult.AddPartitionsToTxnPartitionResult
 @api(AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3)
 async def handle(broker, context, request):
     wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
+    await broker.transactions.wait_completed(request.v3_and_below_transactional_id)
     errors = broker.transactions.add_partitions(
         request.v3_and_below_transactional_id, request.v3_and_below_producer_id,
         request.v3_and_below_producer_epoch, wanted, int(time.time() * 1000),

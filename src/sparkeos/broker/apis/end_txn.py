@@ -1,4 +1,4 @@
-"""EndTxn (26): commit or abort; markers go to every partition before the answer."""
+"""EndTxn (26): commit or abort; the decision is durable and markers written before the answer."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from .registry import api
 
 @api(EndTxnRequest, EndTxnResponse, 0, 3)
 async def handle(broker, context, request):
+    await broker.transactions.wait_completed(request.transactional_id)
     try:
-        broker.transactions.end_transaction(
+        broker.transactions.end_transaction_in_background(
             request.transactional_id, request.producer_id, request.producer_epoch, request.committed,
             int(time.time() * 1000), fenced_error=fenced_error(context.version, 2),
         )

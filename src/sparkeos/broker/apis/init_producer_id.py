@@ -21,6 +21,7 @@ async def handle(broker, context, request):
     if request.transactional_id is None:
         return InitProducerIdResponse(throttle_time_ms=0, error_code=0, producer_id=broker.producer_ids.next_id(),
                                       producer_epoch=0)
+    await broker.transactions.wait_completed(request.transactional_id)
     expected_pid = request.producer_id if context.version >= 3 else -1
     expected_epoch = request.producer_epoch if context.version >= 3 else -1
     try:

@@ -15,6 +15,7 @@ Partition_ = Topic_.TxnOffsetCommitResponsePartition
 @api(TxnOffsetCommitRequest, TxnOffsetCommitResponse, 0, 3)
 async def handle(broker, context, request):
     version = context.version
+    await broker.transactions.wait_completed(request.transactional_id)
     offsets, errors = read_offsets(broker, request.topics, with_leader_epoch=version >= 2)
     error = _check(broker, request, version)
     if not error and offsets:

@@ -16,6 +16,7 @@ through the `TransactionEffects` the broker passes in.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,10 @@ class TransactionEffects(Protocol):
     """What ending a transaction does outside the coordinator."""
 
     def write_markers(self, partitions: list[TopicPartition], producer_id: int, producer_epoch: int,
-                      commit: bool) -> None: ...
+                      commit: bool, sync: bool = True) -> None: ...
+
+    async def sync_markers(self, partitions: list[TopicPartition]) -> None:
+        """Make markers written with `sync=False` durable."""
 
     def complete_group_offsets(self, group: str, producer_id: int, commit: bool) -> None: ...
 
@@ -122,6 +126,8 @@ class TransactionCoordinator:
         self.transactions: dict[str, TransactionState] = {}
         self._by_producer: dict[int, TransactionState] = {}
         self._journal = Journal(directory / "transactions.journal")
+        # EndTxn answered, markers being made durable: the id's next request waits for these.
+        self._completing: dict[str, asyncio.Task[None]] = {}
         for record in self._journal.load():
             if record.get("deleted"):
                 self._forget(record["id"])
@@ -262,17 +268,65 @@ class TransactionCoordinator:
         raise TransactionError(INVALID_TXN_STATE, f"cannot {'commit' if commit else 'abort'} "
                                                   f"{transactional_id!r} in state {txn.state}")
 
+    def end_transaction_in_background(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                      commit: bool, now_ms: int, fenced_error: int = PRODUCER_FENCED) -> None:
+        """EndTxn as clients are answered: once the decision is durable and the markers written.
+
+        Like Kafka's coordinator, which answers after the Prepare record and sends markers
+        afterwards, the markers' fsync and the Complete record follow in a task; `wait_completed`
+        holds the transactional id's next request until then. A crash before they are done
+        leaves the durable Prepare state, which restart recovery finishes in the same direction.
+        """
+        txn = self._check_producer(transactional_id, producer_id, producer_epoch, fenced_error)
+        if txn.state != ONGOING:
+            self.end_transaction(transactional_id, producer_id, producer_epoch, commit, now_ms, fenced_error)
+            return
+        self._prepare(txn, commit, now_ms)
+        partitions = sorted(txn.partitions)
+        self._write_effects(txn, commit, sync=False)
+        task = asyncio.get_running_loop().create_task(self._finish_when_durable(txn, partitions, commit, now_ms))
+        self._completing[transactional_id] = task
+
+    async def _finish_when_durable(self, txn: TransactionState, partitions: list[TopicPartition], commit: bool,
+                                   now_ms: int) -> None:
+        try:
+            await self.effects.sync_markers(partitions)
+            self._finish(txn, commit, now_ms)
+        except Exception:  # the Prepare state stays; a restart completes it
+            log.exception("completing the transaction of %s failed", txn.transactional_id)
+        finally:
+            self._completing.pop(txn.transactional_id, None)
+
+    async def wait_completed(self, transactional_id: str) -> None:
+        """Return once no background completion of `transactional_id` is running."""
+        task = self._completing.get(transactional_id)
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def wait_all_completed(self) -> None:
+        if self._completing:
+            await asyncio.wait(list(self._completing.values()))
+
     def _end(self, txn: TransactionState, commit: bool, now_ms: int) -> None:
+        self._prepare(txn, commit, now_ms)
+        self._complete(txn, commit, now_ms)
+
+    def _prepare(self, txn: TransactionState, commit: bool, now_ms: int) -> None:
         txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
         txn.updated_ms = now_ms
         self._persist(txn)  # the decision is durable before any marker is written
-        self._complete(txn, commit, now_ms)
 
     def _complete(self, txn: TransactionState, commit: bool, now_ms: int) -> None:
+        self._write_effects(txn, commit, sync=True)
+        self._finish(txn, commit, now_ms)
+
+    def _write_effects(self, txn: TransactionState, commit: bool, sync: bool) -> None:
         if txn.partitions:
-            self.effects.write_markers(sorted(txn.partitions), txn.producer_id, txn.producer_epoch, commit)
+            self.effects.write_markers(sorted(txn.partitions), txn.producer_id, txn.producer_epoch, commit, sync)
         for group in sorted(txn.groups):
             self.effects.complete_group_offsets(group, txn.producer_id, commit)
+
+    def _finish(self, txn: TransactionState, commit: bool, now_ms: int) -> None:
         txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         txn.partitions.clear()
         txn.groups.clear()
@@ -322,4 +376,5 @@ class TransactionCoordinator:
         self._journal.rewrite([txn.to_record() for txn in self.transactions.values()])
 
     def close(self) -> None:
+        # Completions still running finish on restart from their durable Prepare state.
         self._journal.close()

@@ -192,8 +192,10 @@ class PartitionLog:
         return [a for a in self.aborted if a.first_offset < end and a.last_offset >= start]
 
     def write_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0,
-                     now_ms: int | None = None) -> int:
-        """Append a COMMIT or ABORT marker ending `producer_id`'s transaction; returns its offset."""
+                     now_ms: int | None = None, sync: bool = True) -> int:
+        """Append a COMMIT or ABORT marker ending `producer_id`'s transaction; returns its offset.
+
+        With `sync` it is on disk when this returns; otherwise the caller syncs the log later."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         first_offset = self.producers.open_transactions.get(producer_id)
         marker_offset = self.log_end_offset
@@ -204,7 +206,8 @@ class PartitionLog:
         marker = build_control_batch(marker_offset, producer_id, producer_epoch,
                                      CONTROL_COMMIT if commit else CONTROL_ABORT, coordinator_epoch, now_ms)
         self.append_batches([marker], None, now_ms)
-        self.sync()
+        if sync:
+            self.sync()
         return marker_offset
 
     @property
