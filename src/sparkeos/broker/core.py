@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,8 @@ class Broker:
             self,
             TransactionSettings(config.transaction_max_timeout_ms, config.transactional_id_expiration_ms),
         )
-        self._append_waiters: set[asyncio.Future[None]] = set()
+        # Parked long-poll fetches by the partition logs they read: an append wakes only these.
+        self._append_waiters: dict[PartitionLog, set[asyncio.Future[None]]] = {}
         # Keyed by the log object itself: a recreated topic must not inherit a stale entry.
         self._sync_locks: weakref.WeakKeyDictionary[PartitionLog, asyncio.Lock] = weakref.WeakKeyDictionary()
         self._synced_to: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
@@ -137,11 +139,13 @@ class Broker:
 
     def write_markers(self, partitions: list[tuple[str, int]], producer_id: int, producer_epoch: int,
                       commit: bool, sync: bool = True) -> None:
+        written = []
         for topic, index in partitions:
             partition_log = self.store.partition(topic, index)
             if partition_log is not None:  # a deleted topic needs no marker
                 partition_log.write_marker(producer_id, producer_epoch, commit, sync=sync)
-        self.notify_appended()
+                written.append(partition_log)
+        self.notify_appended(written)
 
     async def sync_markers(self, partitions: list[tuple[str, int]]) -> None:
         for topic, index in partitions:
@@ -158,21 +162,34 @@ class Broker:
 
     # -- waiting for data --------------------------------------------------------------------
 
-    def notify_appended(self) -> None:
-        waiters, self._append_waiters = self._append_waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def notify_appended(self, partition_logs: Iterable[PartitionLog] | None = None) -> None:
+        """Wake the fetches parked on these partitions (every parked fetch when None)."""
+        if partition_logs is None:
+            woken = list(self._append_waiters.values())
+            self._append_waiters = {}
+        else:
+            woken = [self._append_waiters.pop(p) for p in partition_logs if p in self._append_waiters]
+        for waiters in woken:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
-    async def wait_for_append(self, timeout: float) -> None:
+    async def wait_for_append(self, timeout: float, partition_logs: list[PartitionLog]) -> None:
+        """Return after `timeout` seconds, or sooner when one of `partition_logs` changes."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._append_waiters.add(waiter)
+        for partition_log in partition_logs:
+            self._append_waiters.setdefault(partition_log, set()).add(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             pass
         finally:
-            self._append_waiters.discard(waiter)
+            for partition_log in partition_logs:
+                waiters = self._append_waiters.get(partition_log)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._append_waiters[partition_log]
 
     # -- durability --------------------------------------------------------------------------
 

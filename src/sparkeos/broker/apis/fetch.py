@@ -28,7 +28,13 @@ async def handle(broker, context, request):
         remaining = deadline - loop.time()
         if total >= request.min_bytes or errors or remaining <= 0:
             return FetchResult(topics=responses)
-        await broker.wait_for_append(remaining)
+        await broker.wait_for_append(remaining, partitions_read(broker, request))
+
+
+def partitions_read(broker, request) -> list:
+    """The partition logs a fetch reads: only appends to these wake it early."""
+    logs = (broker.partition(topic.topic, wanted.partition) for topic in request.topics for wanted in topic.partitions)
+    return [partition_log for partition_log in logs if partition_log is not None]
 
 
 def read_all(broker, request) -> tuple[list[tuple[str, list[FetchedPartition]]], int, bool]:

@@ -46,7 +46,7 @@ async def handle(broker, context, request):
             )
         results.append(TopicResponse(name=topic_data.name, partition_responses=partitions))
     if touched:
-        broker.notify_appended()
+        broker.notify_appended(touched)
     if acks == 0:
         return None
     if acks == -1:
