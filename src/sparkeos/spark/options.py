@@ -53,6 +53,8 @@ class SourceOptions:
     poll_timeout_ms: int = 120_000
     fetch_offset_retries: int = 3
     fetch_offset_retry_interval_ms: int = 10
+    # Bound on every driver-side metadata/offset request (the Java consumer's default.api.timeout.ms).
+    api_timeout_ms: int = 30_000
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000
@@ -203,6 +205,9 @@ def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptio
         if options.has(key):
             raise OptionError(f"option '{key}' cannot be set: {reason}")
     kafka = options.kafka_params()
+    # A Java-client name Spark users set to bound offset look-ups; librdkafka does not know it, so it is kept here.
+    api_timeout_ms = options.integer("kafka.default.api.timeout.ms", 30_000, minimum=1)
+    kafka.pop("default.api.timeout.ms", None)
     isolation = kafka.get("isolation.level", "read_committed")
     if isolation not in ("read_committed", "read_uncommitted"):
         raise OptionError(
@@ -242,6 +247,7 @@ def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptio
         poll_timeout_ms=options.integer("kafkaConsumer.pollTimeoutMs", 120_000, minimum=1),
         fetch_offset_retries=options.integer("fetchOffset.numRetries", 3),
         fetch_offset_retry_interval_ms=options.integer("fetchOffset.retryIntervalMs", 10),
+        api_timeout_ms=api_timeout_ms,
         max_offsets_per_trigger=max_per_trigger,
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=_parse_duration_ms(options, "maxTriggerDelay", "15m"),

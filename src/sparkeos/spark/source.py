@@ -109,7 +109,7 @@ class OffsetPlanner:
 
     def __init__(self, options: SourceOptions):
         self.options = options
-        self.cluster = KafkaCluster(options.consumer_config())
+        self.cluster = KafkaCluster(options.consumer_config(), timeout_s=options.api_timeout_ms / 1000)
 
     def partitions(self) -> list[Partition]:
         o = self.options
