@@ -265,6 +265,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now_target: Offsets | None = None
         self.last_trigger_ms = time.time() * 1000
         self._group_committer = None
+        self._group_committed: Offsets | None = None
 
     def __getstate__(self) -> dict:
         # Spark ships the reader to executors for read(); Kafka clients stay on the driver.
@@ -298,6 +299,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = decode_offsets(start)
+        # Spark calls commit(end) of batch N only once batch N+1 has data, so an idle query would never report
+        # its last batch; `start` here is always the end of a completed batch (or the initial offsets).
+        self._report_to_group(begin)
         if self.available_now_target is not None:
             partitions = sorted(self.available_now_target)
             latest = dict(self.available_now_target)
@@ -348,11 +352,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        if not self.options.commit_offsets_to_group:
+        self._report_to_group(decode_offsets(end))
+
+    def _report_to_group(self, offsets: Offsets) -> None:
+        if not self.options.commit_offsets_to_group or offsets == self._group_committed:
             return
         # Lag tools only: exactly-once never reads these back (the checkpoint owns positions).
         try:
-            self._commit_to_group(decode_offsets(end))
+            self._commit_to_group(offsets)
+            self._group_committed = dict(offsets)
         except Exception as exc:  # noqa: BLE001 - a lag report must never fail the query
             log.warning("committing offsets to group %r failed: %s", self.options.group_id, exc)
 
