@@ -330,7 +330,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadAllAvailable):
             return latest
         available = sum(latest[p] - begin[p] for p in latest)
-        minimum = self.options.min_offsets_per_trigger
+        # Under Trigger.AvailableNow a delayed batch would end the query short of its target: no minimum there.
+        minimum = self.options.min_offsets_per_trigger if self.available_now_target is None else None
         waited_ms = time.time() * 1000 - self.last_trigger_ms
         if minimum is not None and available < minimum and waited_ms < self.options.max_trigger_delay_ms:
             return begin
