@@ -26,6 +26,8 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise ValueError("the sparkeos.kafka sink appends to Kafka topics; use mode('append'), not overwrite")
         options = parse_sink_options(self.options)
         validate_input_schema(schema, options)
         marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0

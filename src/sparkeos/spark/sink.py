@@ -86,7 +86,7 @@ def validate_input_schema(schema: StructType, options: SinkOptions) -> None:
         if column in fields and not isinstance(fields[column], types):
             names = " or ".join(t.typeName() for t in types)
             raise ValueError(f"column '{column}' must be {names}, not {fields[column].simpleString()}")
-    if "headers" in fields and fields["headers"] != HEADERS_TYPE:
+    if "headers" in fields and fields["headers"].simpleString() != HEADERS_TYPE.simpleString():
         raise ValueError(f"column 'headers' must be {HEADERS_TYPE.simpleString()}, "
                          f"not {fields['headers'].simpleString()}")
     if "topic" not in fields and options.topic is None:

@@ -1,0 +1,219 @@
+"""The sparkeos.kafka sink: Spark's Kafka sink columns, delivery guarantees, batch writes, start-up checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+from spark_support import create_topic, produce, read_committed, unique
+from sparkeos.broker import EmbeddedBroker
+from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+
+
+def stream_of(spark, bootstrap: str, topic: str, **options: str):
+    reader = (
+        spark.readStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def run_to_end(frame, bootstrap: str, checkpoint: str, **options: str) -> None:
+    writer = frame.writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+    writer = writer.option("checkpointLocation", checkpoint)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path):
+    """value/key as strings, a per-row topic column routing to two topics, a partition column, headers."""
+    from pyspark.sql import functions as F
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    evens, odds = create_topic(bootstrap, unique("even"), 3), create_topic(bootstrap, unique("odd"), 3)
+    produce(bootstrap, source, [str(i) for i in range(300)])
+    number = F.col("value").cast("string").cast("int")
+    frame = stream_of(spark, bootstrap, source).select(
+        F.concat(F.lit("k"), (number % 5).cast("string")).alias("key"),
+        F.col("value").cast("string").alias("value"),
+        F.when(number % 2 == 0, F.lit(evens)).otherwise(F.lit(odds)).alias("topic"),
+        (number % 3).cast("int").alias("partition"),
+        F.array(F.struct(F.lit("origin").alias("key"), F.col("offset").cast("string").cast("binary").alias("value")))
+        .alias("headers"),
+    )
+    run_to_end(frame, bootstrap, str(tmp_path / "ck"))
+    even_rows = read_committed(bootstrap, evens, with_meta=True)
+    odd_rows = read_committed(bootstrap, odds, with_meta=True)
+    assert sorted(int(v) for _, _, _, v, _ in even_rows) == list(range(0, 300, 2))
+    assert sorted(int(v) for _, _, _, v, _ in odd_rows) == list(range(1, 300, 2))
+    for partition, _offset, key, value, headers in even_rows + odd_rows:
+        assert partition == int(value) % 3
+        assert key == f"k{int(value) % 5}".encode()
+        assert [h[0] for h in headers] == ["origin"]
+
+
+def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    produce(bootstrap, source, ["a"])
+    frame = stream_of(spark, bootstrap, source).select("value")
+    query = (frame.writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    with pytest.raises(Exception, match="set the sink option 'topic' or give the input a 'topic' column"):
+        query.awaitTermination(60)
+
+
+def test_missing_value_column_fails_before_anything_is_written(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, ["a", "b"])
+    frame = stream_of(spark, bootstrap, source).selectExpr("key", "value AS payload")
+    query = (frame.writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("topic", sink).option("checkpointLocation", str(tmp_path / "ck")).start())
+    with pytest.raises(Exception, match="needs a 'value' column"):
+        query.awaitTermination(60)
+    assert read_committed(bootstrap, sink) == []
+
+
+def test_transaction_timeout_above_broker_maximum_fails_before_writing(spark, tmp_path):
+    """The seed's problem 1: transaction.timeout.ms larger than the broker's transaction.max.timeout.ms."""
+    with EmbeddedBroker(tmp_path / "broker", transaction_max_timeout_ms=30_000) as broker:
+        bootstrap = broker.bootstrap_servers
+        source = create_topic(bootstrap, unique("in"))
+        sink = create_topic(bootstrap, unique("out"))
+        produce(bootstrap, source, ["a", "b"])
+        query = (stream_of(spark, bootstrap, source).select("value").writeStream.format("sparkeos.kafka")
+                 .option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+                 .option("kafka.transaction.timeout.ms", "60000")
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        with pytest.raises(Exception) as failure:
+            query.awaitTermination(60)
+        message = str(failure.value)
+        assert "kafka.transaction.timeout.ms=60000" in message
+        assert "transaction.max.timeout.ms=30000" in message
+        assert read_committed(bootstrap, sink) == []
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "none"])
+def test_non_transactional_guarantees_deliver_everything_without_failures(spark, broker, tmp_path, guarantee):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(500)])
+    run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
+               topic=sink, deliveryGuarantee=guarantee)
+    assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(500))
+
+
+def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    first, second = create_topic(bootstrap, unique("a"), 2), create_topic(bootstrap, unique("b"), 2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, first, [f"a{i}" for i in range(300)])
+    produce(bootstrap, second, [f"b{i}" for i in range(300)])
+    queries = [
+        stream_of(spark, bootstrap, topic).select("value").writeStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+        .option("checkpointLocation", str(tmp_path / topic)).start()
+        for topic in (first, second)
+    ]
+    for query in queries:
+        query.processAllAvailable()
+    ids = {query.id for query in queries}
+    for query in queries:
+        query.stop()
+    expected = Counter([f"a{i}".encode() for i in range(300)] + [f"b{i}".encode() for i in range(300)])
+    assert Counter(read_committed(bootstrap, sink)) == expected
+    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    prefixes = {m["transactional_id"].rsplit("-", 1)[0] for m in markers}
+    assert prefixes == {f"sparkeos-{query_id}" for query_id in ids}
+
+
+def test_batch_write_is_exactly_once_per_write(spark, broker):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(400)])
+    frame = (spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", source).load().selectExpr("CAST(value AS STRING) AS value")
+             .where("CAST(value AS INT) % 4 != 0"))
+    frame.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
+        .option("topic", sink).save()
+    expected = Counter(str(i).encode() for i in range(400) if i % 4)
+    assert Counter(read_committed(bootstrap, sink)) == expected
+    with pytest.raises(Exception, match="appends to Kafka"):
+        frame.write.format("sparkeos.kafka").mode("overwrite").option("kafka.bootstrap.servers", bootstrap) \
+            .option("topic", sink).save()
+    # A second write is a second write: Spark's batch semantics, not a replay.
+    frame.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
+        .option("topic", sink).save()
+    assert Counter(read_committed(bootstrap, sink)) == expected + expected
+
+
+RETRY_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sys
+    import sparkeos.spark
+    bootstrap, source, sink, checkpoint, failpoint = sys.argv[1:6]
+    armed = os.path.join(os.environ["SPARKEOS_FAILPOINT_DIR"], failpoint)
+    open(armed, "w").close()
+    # local[2,3]: up to 3 attempts per task, so a failed task is retried inside the same job.
+    spark = sparkeos.spark.session("retry", master="local[2,3]", config={"spark.ui.enabled": "false"})
+    batch = spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+        .option("subscribe", source).load().select("value")
+    batch.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \\
+        .option("topic", sink + "-batch").save()
+    assert not os.path.exists(armed), "the batch write never reached the failpoint"
+    open(armed, "w").close()
+    query = spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+        .option("subscribe", source).option("startingOffsets", "earliest").load().select("value") \\
+        .writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+        .option("topic", sink + "-stream").option("checkpointLocation", checkpoint).start()
+    query.processAllAvailable()
+    query.stop()
+    assert not os.path.exists(armed), "the streaming query never reached the failpoint"
+    spark.stop()
+    """
+)
+
+
+@pytest.mark.parametrize("failpoint", ["sink.after_commit", "sink.before_commit"])
+def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path, failpoint):
+    """A task that fails after (or before) its commit is retried by Spark in the same job: the retry
+    fences the first attempt and, if that one committed, finds its marker and writes nothing."""
+    import os
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = unique("out")
+    create_topic(bootstrap, sink + "-batch")
+    create_topic(bootstrap, sink + "-stream")
+    produce(bootstrap, source, [str(i) for i in range(300)])
+    failpoints = tmp_path / "failpoints"
+    failpoints.mkdir()
+    script = tmp_path / "retry.py"
+    script.write_text(RETRY_SCRIPT)
+    env = {**os.environ, "SPARKEOS_FAILPOINT_DIR": str(failpoints), "PYSPARK_PYTHON": sys.executable}
+    command = [sys.executable, str(script), bootstrap, source, sink, str(tmp_path / "ck"), failpoint]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = Counter(str(i).encode() for i in range(300))
+    assert Counter(read_committed(bootstrap, sink + "-batch")) == expected
+    assert Counter(read_committed(bootstrap, sink + "-stream")) == expected
