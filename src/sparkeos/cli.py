@@ -57,6 +57,8 @@ def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
                         help="largest transaction.timeout.ms a producer may ask for (transaction.max.timeout.ms)")
     parser.add_argument("--transactional-id-expiration-ms", type=_positive, default=604800000,
                         help="forget transactional ids unused this long (transactional.id.expiration.ms)")
+    parser.add_argument("--schema-registry", type=_host_port, default=None, metavar="HOST:PORT",
+                        help="also serve a Confluent-compatible schema registry there, stored in the _schemas topic")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for the broker (stderr)")
 
 
