@@ -1,0 +1,672 @@
+"""The `sparkeos.kafka` source against the real broker and a real local Spark: Spark's Kafka source options,
+streaming (foreachBatch collecting every micro-batch) and batch (spark.read).
+
+Records are placed deliberately (partition, timestamp, transactions) and every assertion names exact
+(partition, offset) or value sets, so a source that skips, repeats or misplaces a record fails.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from pyspark.errors import AnalysisException, StreamingQueryException
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from spark_support import create_topic, produce, produce_transaction, unique, wait_for
+
+# Spark's own Kafka source schema (KafkaRecordToRowConverter), written out independently of source.py.
+SPARK_KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
+SPARK_KAFKA_HEADERS = StructField(
+    "headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+class Collected:
+    """foreachBatch target: every micro-batch's rows (as dicts) by batch id, plus its Spark partition count."""
+
+    def __init__(self, count_partitions: bool = False):
+        self.batches: dict[int, list[dict]] = {}
+        self.spark_partitions: dict[int, int] = {}
+        self.arrival: dict[int, float] = {}
+        self.count_partitions = count_partitions
+
+    def __call__(self, frame, batch_id: int) -> None:
+        if self.count_partitions:
+            self.spark_partitions[batch_id] = frame.rdd.getNumPartitions()
+        self.batches[batch_id] = [row.asDict(recursive=True) for row in frame.collect()]
+        self.arrival[batch_id] = time.monotonic()
+
+    @property
+    def rows(self) -> list[dict]:
+        return [row for batch_id in sorted(self.batches) for row in self.batches[batch_id]]
+
+    def sizes(self) -> list[int]:
+        return [len(self.batches[batch_id]) for batch_id in sorted(self.batches)]
+
+
+def reader_options(bootstrap: str, options: dict) -> dict:
+    return {"kafka.bootstrap.servers": bootstrap, **options}
+
+
+def read_batch(spark, bootstrap: str, **options) -> list[dict]:
+    return [row.asDict(recursive=True) for row in batch_frame(spark, bootstrap, options).collect()]
+
+
+def batch_frame(spark, bootstrap: str, options: dict):
+    return spark.read.format("sparkeos.kafka").options(**reader_options(bootstrap, options)).load()
+
+
+def start_stream(
+    spark, bootstrap: str, checkpoint, options: dict, available_now: bool = False, collected: Collected | None = None
+):
+    collected = collected if collected is not None else Collected()
+    frame = spark.readStream.format("sparkeos.kafka").options(**reader_options(bootstrap, options)).load()
+    writer = frame.writeStream.foreachBatch(collected).option("checkpointLocation", str(checkpoint))
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    return writer.start(), collected
+
+
+def run_available_now(spark, bootstrap: str, checkpoint, collected: Collected | None = None, **options):
+    """A Trigger.AvailableNow query run to its end; returns what it collected and its progress reports."""
+    query, collected = start_stream(spark, bootstrap, checkpoint, options, available_now=True, collected=collected)
+    try:
+        assert query.awaitTermination(120), "Trigger.AvailableNow query did not stop by itself"
+    finally:
+        query.stop()
+    return collected, query.recentProgress
+
+
+def placed(rows: list[dict]) -> set[tuple[str, int, int]]:
+    return {(row["topic"], row["partition"], row["offset"]) for row in rows}
+
+
+def values(rows: list[dict]) -> list[str]:
+    return sorted(row["value"].decode() for row in rows)
+
+
+def fill(bootstrap: str, topic: str, partitions: int, per_partition: int, timestamps: list[int] | None = None) -> None:
+    """`per_partition` records "p{partition}-{i}" in each partition, optionally with explicit timestamps."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for partition in range(partitions):
+        for i in range(per_partition):
+            extra = {"timestamp": timestamps[i]} if timestamps else {}
+            producer.produce(topic, value=f"p{partition}-{i}".encode(), partition=partition, **extra)
+    assert producer.flush(30) == 0
+
+
+def offsets(topic: str, ranges: dict[int, range]) -> set[tuple[str, int, int]]:
+    return {(topic, partition, offset) for partition, span in ranges.items() for offset in span}
+
+
+def commit_group_offsets(bootstrap: str, group: str, topic: str, committed: dict[int, int]) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in committed.items()], asynchronous=False)
+    consumer.close()
+
+
+def group_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
+    result = admin.list_consumer_group_offsets([request])[group].result(30)
+    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+
+def failure_of_batch(spark, bootstrap: str, **options) -> str:
+    with pytest.raises(AnalysisException) as failure:
+        batch_frame(spark, bootstrap, options).collect()
+    return str(failure.value)
+
+
+def failure_of_stream(spark, bootstrap: str, checkpoint, **options) -> str:
+    query, _ = start_stream(spark, bootstrap, checkpoint, options)
+    try:
+        with pytest.raises(StreamingQueryException) as failure:
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+    return str(failure.value)
+
+
+# --- schema -----------------------------------------------------------------------------------------
+
+
+def test_schema_is_spark_kafka_schema_and_headers_round_trip(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("schema"), partitions=2)
+    stamp = int(time.time() * 1000) - 60_000
+    headers = [("trace", b"abc"), ("trace", b"second value of a repeated key"), ("empty", b""), ("none", None)]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, key=b"k0", value=b"v0", partition=1, timestamp=stamp, headers=headers)
+    producer.produce(topic, value=b"v1", partition=0, timestamp=stamp + 1)
+    assert producer.flush(30) == 0
+
+    assert batch_frame(spark, bootstrap, {"subscribe": topic}).schema == SPARK_KAFKA_SCHEMA
+    with_headers = StructType([*SPARK_KAFKA_SCHEMA.fields, SPARK_KAFKA_HEADERS])
+    assert batch_frame(spark, bootstrap, {"subscribe": topic, "includeHeaders": "true"}).schema == with_headers
+
+    expected = {
+        b"v0": {
+            "key": b"k0",
+            "topic": topic,
+            "partition": 1,
+            "offset": 0,
+            "timestampType": 0,
+            "headers": [{"key": k, "value": v} for k, v in headers],
+        },
+        b"v1": {"key": None, "topic": topic, "partition": 0, "offset": 0, "timestampType": 0, "headers": []},
+    }
+    stream, _ = run_available_now(
+        spark, bootstrap, tmp_path / "ck", subscribe=topic, includeHeaders="true", startingOffsets="earliest"
+    )
+    batch = read_batch(spark, bootstrap, subscribe=topic, includeHeaders="true")
+    for rows in (stream.rows, batch):
+        by_value = {row["value"]: row for row in rows}
+        assert set(by_value) == set(expected)
+        for value, fields in expected.items():
+            row = by_value[value]
+            assert {name: row[name] for name in fields} == fields
+            assert int(row["timestamp"].timestamp() * 1000) == stamp + (value == b"v1")
+
+
+# --- subscription -----------------------------------------------------------------------------------
+
+
+def test_subscribe_reads_every_listed_topic_and_nothing_else(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    first = create_topic(bootstrap, unique("a"), partitions=2)
+    second = create_topic(bootstrap, unique("b"))
+    other = create_topic(bootstrap, unique("c"))
+    for topic in (first, second, other):
+        fill(bootstrap, topic, 2 if topic == first else 1, 5)
+    expected = offsets(first, {0: range(5), 1: range(5)}) | offsets(second, {0: range(5)})
+    stream, _ = run_available_now(
+        spark, bootstrap, tmp_path / "ck", subscribe=f"{first},{second}", startingOffsets="earliest"
+    )
+    assert placed(stream.rows) == expected
+    assert len(stream.rows) == 15
+    batch = read_batch(spark, bootstrap, subscribe=f"{first}, {second}")
+    assert placed(batch) == expected
+    assert len(batch) == 15
+
+
+def test_subscribe_pattern_picks_up_new_topics_and_partitions_from_earliest(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    prefix = unique("pat").replace("-", "")
+    first = create_topic(bootstrap, f"{prefix}-1")
+    create_topic(bootstrap, unique("unmatched"))
+    fill(bootstrap, first, 1, 3)
+    options = {"subscribePattern": f"{prefix}-.*", "startingOffsets": "latest"}
+    query, collected = start_stream(spark, bootstrap, tmp_path / "ck", options)
+    try:
+        query.processAllAvailable()
+        assert collected.rows == []  # latest: the 3 existing records are not read
+        produce(bootstrap, first, ["late"], partition=0)
+        query.processAllAvailable()
+        assert placed(collected.rows) == {(first, 0, 3)}
+    finally:
+        query.stop()
+
+    # Created while the query is down: on restart the checkpoint knows neither, so both start at earliest
+    # even though startingOffsets says latest.
+    second = create_topic(bootstrap, f"{prefix}-2")
+    fill(bootstrap, second, 1, 4)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(first, 3)])[first].result(30)
+    wait_for(lambda: len(admin.list_topics(first, timeout=10).topics[first].partitions) == 3, what="new partitions")
+    produce(bootstrap, first, ["new-1a", "new-1b"], partition=1)
+    produce(bootstrap, first, ["new-2"], partition=2)
+    query, collected = start_stream(spark, bootstrap, tmp_path / "ck", options)
+    try:
+        query.processAllAvailable()
+        assert placed(collected.rows) == offsets(second, {0: range(4)}) | offsets(first, {1: range(2), 2: range(1)})
+        # Created while the query runs: records already in it when it is discovered are read too.
+        third = create_topic(bootstrap, f"{prefix}-3", partitions=2)
+        fill(bootstrap, third, 2, 2)
+        query.processAllAvailable()
+        assert placed(collected.rows) - placed(collected.rows[:7]) == offsets(third, {0: range(2), 1: range(2)})
+        assert len(collected.rows) == 11
+    finally:
+        query.stop()
+
+
+def test_assign_reads_only_the_listed_partitions(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("assign"), partitions=3)
+    fill(bootstrap, topic, 3, 4)
+    assign = json.dumps({topic: [0, 2]})
+    expected = offsets(topic, {0: range(4), 2: range(4)})
+    stream, _ = run_available_now(spark, bootstrap, tmp_path / "ck", assign=assign, startingOffsets="earliest")
+    assert placed(stream.rows) == expected and len(stream.rows) == 8
+    assert placed(read_batch(spark, bootstrap, assign=assign)) == expected
+    starting = json.dumps({topic: {"0": 3, "2": -2}})
+    assert placed(read_batch(spark, bootstrap, assign=assign, startingOffsets=starting)) == offsets(
+        topic, {0: range(3, 4), 2: range(4)}
+    )
+
+
+# --- where reading starts and ends ----------------------------------------------------------------
+
+
+def test_starting_offsets_latest_earliest_and_per_partition_json(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("start"), partitions=2)
+    fill(bootstrap, topic, 2, 10)
+
+    query, collected = start_stream(spark, bootstrap, tmp_path / "latest", {"subscribe": topic})  # default latest
+    try:
+        query.processAllAvailable()
+        produce(bootstrap, topic, ["after-0"], partition=0)
+        produce(bootstrap, topic, ["after-1"], partition=1)
+        query.processAllAvailable()
+        assert placed(collected.rows) == {(topic, 0, 10), (topic, 1, 10)}
+    finally:
+        query.stop()
+
+    stream, _ = run_available_now(spark, bootstrap, tmp_path / "earliest", subscribe=topic, startingOffsets="earliest")
+    assert placed(stream.rows) == offsets(topic, {0: range(11), 1: range(11)})
+
+    starting = json.dumps({topic: {"0": -2, "1": 7}})
+    expected = offsets(topic, {0: range(11), 1: range(7, 11)})
+    stream, _ = run_available_now(spark, bootstrap, tmp_path / "json", subscribe=topic, startingOffsets=starting)
+    assert placed(stream.rows) == expected
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == expected
+    starting = json.dumps({topic: {"0": -1, "1": 3}})
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == offsets(
+        topic, {1: range(3, 11)}
+    )
+
+
+def test_ending_offsets_latest_and_per_partition_json(spark, broker):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("end"), partitions=2)
+    fill(bootstrap, topic, 2, 6)
+    everything = offsets(topic, {0: range(6), 1: range(6)})
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, endingOffsets="latest")) == everything
+    ending = json.dumps({topic: {"0": 4, "1": -1}})
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, endingOffsets=ending)) == offsets(
+        topic, {0: range(4), 1: range(6)}
+    )
+    both = {"startingOffsets": json.dumps({topic: {"0": 2, "1": 5}}), "endingOffsets": ending}
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, **both)) == offsets(
+        topic, {0: range(2, 4), 1: range(5, 6)}
+    )
+
+
+def test_starting_offsets_group_uses_committed_offsets_then_auto_offset_reset(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("group"), partitions=2)
+    fill(bootstrap, topic, 2, 5)
+    for reset, from_partition_1 in (("earliest", range(5)), ("latest", range(0))):
+        group = unique(f"g-{reset}")
+        commit_group_offsets(bootstrap, group, topic, {0: 3})  # partition 1 has no committed offset
+        options = {
+            "subscribe": topic,
+            "startingOffsets": "group",
+            "kafka.group.id": group,
+            "kafka.auto.offset.reset": reset,
+            "commitOffsetsToGroup": "false",
+        }
+        expected = offsets(topic, {0: range(3, 5), 1: from_partition_1})
+        stream, _ = run_available_now(spark, bootstrap, tmp_path / reset, **options)
+        assert placed(stream.rows) == expected, reset
+        assert placed(read_batch(spark, bootstrap, **options)) == expected, reset
+
+
+def test_starting_timestamps_and_ending_timestamps(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("time"), partitions=2)
+    base = int(time.time() * 1000) - 3_600_000  # recent enough that retention keeps them
+    fill(bootstrap, topic, 2, 10, timestamps=[base + 1000 * i for i in range(10)])
+
+    stream, _ = run_available_now(
+        spark, bootstrap, tmp_path / "ts", subscribe=topic, startingTimestamp=str(base + 2500)
+    )
+    assert placed(stream.rows) == offsets(topic, {0: range(3, 10), 1: range(3, 10)})
+
+    by_partition = json.dumps({topic: {"0": base + 2500, "1": base + 8000}})
+    expected = offsets(topic, {0: range(3, 10), 1: range(8, 10)})
+    stream, _ = run_available_now(
+        spark, bootstrap, tmp_path / "by", subscribe=topic, startingOffsetsByTimestamp=by_partition
+    )
+    assert placed(stream.rows) == expected
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsetsByTimestamp=by_partition)) == expected
+
+    too_new = json.dumps({topic: {"0": base + 60_000, "1": base}})
+    message = failure_of_batch(spark, bootstrap, subscribe=topic, startingOffsetsByTimestamp=too_new)
+    assert "startingOffsetsByTimestamp" in message and "startingOffsetsByTimestampStrategy" in message
+    rows = read_batch(
+        spark,
+        bootstrap,
+        subscribe=topic,
+        startingOffsetsByTimestamp=too_new,
+        startingOffsetsByTimestampStrategy="latest",
+    )
+    assert placed(rows) == offsets(topic, {1: range(10)})
+
+    ending = read_batch(spark, bootstrap, subscribe=topic, endingTimestamp=str(base + 4500))
+    assert placed(ending) == offsets(topic, {0: range(5), 1: range(5)})
+    ending_by = json.dumps({topic: {"0": base + 1000, "1": base + 60_000}})  # none that new: to the end
+    ending = read_batch(spark, bootstrap, subscribe=topic, endingOffsetsByTimestamp=ending_by)
+    assert placed(ending) == offsets(topic, {0: range(1), 1: range(10)})
+
+
+def test_checkpoint_wins_over_starting_offsets_on_restart(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("ck"), partitions=2)
+    fill(bootstrap, topic, 2, 5)
+    checkpoint = tmp_path / "ck"
+    first, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="earliest")
+    assert placed(first.rows) == offsets(topic, {0: range(5), 1: range(5)})
+
+    produce(bootstrap, topic, ["x0"], partition=0)
+    produce(bootstrap, topic, ["x1"], partition=1)
+    # latest would skip x0/x1 if it were used; the checkpoint says where to continue
+    second, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="latest")
+    assert placed(second.rows) == {(topic, 0, 5), (topic, 1, 5)} and len(second.rows) == 2
+
+    produce(bootstrap, topic, ["y0"], partition=0)
+    # earliest would re-read everything if it were used
+    third, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="earliest")
+    assert placed(third.rows) == {(topic, 0, 6)} and len(third.rows) == 1
+
+
+# --- how much each trigger reads -------------------------------------------------------------------
+
+
+def test_max_offsets_per_trigger_spreads_each_batch_over_partitions_and_reports_latest(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("max"), partitions=3)
+    fill(bootstrap, topic, 3, 100)
+    collected, progress = run_available_now(
+        spark, bootstrap, tmp_path / "ck", subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="40"
+    )
+    assert placed(collected.rows) == offsets(topic, {p: range(100) for p in range(3)})
+    assert len(collected.rows) == 300
+    sizes = collected.sizes()
+    assert len(sizes) >= 8 and max(sizes) <= 40, sizes
+    for batch_id, rows in collected.batches.items():
+        assert {row["partition"] for row in rows} == {0, 1, 2}, f"batch {batch_id} read only some partitions"
+    with_data = [p for p in progress if p["numInputRows"] > 0]
+    assert all(p["numInputRows"] <= 40 for p in with_data)
+    first = with_data[0]["sources"][0]
+    # reportLatestOffset: the newest offsets Kafka had, beyond what the rate-limited batch read
+    assert json.loads(first["latestOffset"]) == {topic: {"0": 100, "1": 100, "2": 100}}
+    assert sum(json.loads(first["endOffset"])[topic].values()) <= 40
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records_or_max_trigger_delay(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("min"))
+    produce(bootstrap, topic, [f"a{i}" for i in range(60)])
+    options = {"subscribe": topic, "startingOffsets": "earliest", "minOffsetsPerTrigger": "50", "maxTriggerDelay": "6s"}
+    query, collected = start_stream(spark, bootstrap, tmp_path / "ck", options)
+    try:
+        wait_for(lambda: len(collected.rows) == 60, timeout_s=60, what="the first 60 records")
+        produce(bootstrap, topic, [f"b{i}" for i in range(20)])
+        time.sleep(2)
+        assert len(collected.rows) == 60, "a batch ran with fewer than minOffsetsPerTrigger records"
+        produce(bootstrap, topic, [f"c{i}" for i in range(40)])
+        wait_for(lambda: len(collected.rows) == 120, timeout_s=30, what="a batch of 60 records")
+        assert collected.sizes()[-1] == 60
+
+        produced_at = time.monotonic()
+        produce(bootstrap, topic, [f"d{i}" for i in range(10)])
+        wait_for(lambda: len(collected.rows) == 130, timeout_s=30, what="the delayed batch")
+        last = max(collected.batches)
+        assert len(collected.batches[last]) == 10
+        assert collected.arrival[last] - produced_at >= 3, "10 < minOffsetsPerTrigger records ran before the delay"
+    finally:
+        query.stop()
+
+    # Trigger.AvailableNow must not stop short of its target waiting for a minimum that never comes.
+    options["minOffsetsPerTrigger"] = "1000"
+    collected, _ = run_available_now(spark, bootstrap, tmp_path / "now", **options)
+    assert len(collected.rows) == 130
+
+
+def test_min_partitions_and_max_records_per_partition_split_ranges(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("split"))
+    produce(bootstrap, topic, [str(i) for i in range(100)])
+
+    def spark_partition_sizes(options: dict) -> list[int]:
+        from pyspark.sql import functions as F
+
+        frame = batch_frame(spark, bootstrap, {"subscribe": topic, **options})
+        per_partition = frame.groupBy(F.spark_partition_id().alias("id")).count().collect()
+        assert frame.rdd.getNumPartitions() == len(per_partition)
+        assert sorted(placed(r.asDict() for r in frame.collect())) == sorted(offsets(topic, {0: range(100)}))
+        return sorted(row["count"] for row in per_partition)
+
+    assert spark_partition_sizes({}) == [100]
+    assert spark_partition_sizes({"minPartitions": "4"}) == [25, 25, 25, 25]
+    sizes = spark_partition_sizes({"maxRecordsPerPartition": "30"})
+    assert len(sizes) == 4 and max(sizes) <= 30
+
+    collected = Collected(count_partitions=True)
+    run_available_now(
+        spark,
+        bootstrap,
+        tmp_path / "ck",
+        collected=collected,
+        subscribe=topic,
+        startingOffsets="earliest",
+        minPartitions="5",
+    )
+    assert list(collected.spark_partitions.values()) == [5]
+    assert len(collected.rows) == 100
+
+
+# --- transactions ------------------------------------------------------------------------------------
+
+
+def transactional_layout(bootstrap: str, topic: str) -> list[str]:
+    """Committed, aborted, plain, aborted and committed records with their markers; returns the visible ones.
+
+    Offsets: c0-c2 0-2 (marker 3), a0-a2 4-6 (abort marker 7), p0 8, b0-b1 9-10 (abort marker 11), d0 12
+    (marker 13): the partition ends on a marker, and aborted gaps sit in the middle.
+    """
+    produce_transaction(bootstrap, topic, ["c0", "c1", "c2"], commit=True)
+    produce_transaction(bootstrap, topic, ["a0", "a1", "a2"], commit=False)
+    produce(bootstrap, topic, ["p0"], partition=0)
+    produce_transaction(bootstrap, topic, ["b0", "b1"], commit=False)
+    produce_transaction(bootstrap, topic, ["d0"], commit=True)
+    return ["c0", "c1", "c2", "d0", "p0"]
+
+
+def test_read_committed_skips_aborted_records_and_markers_in_any_range_split(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("txn"))
+    visible = transactional_layout(bootstrap, topic)
+    assert values(read_batch(spark, bootstrap, subscribe=topic)) == visible
+    # Ranges of two offsets: some hold only aborted records, only a marker, or end on one.
+    assert values(read_batch(spark, bootstrap, subscribe=topic, maxRecordsPerPartition="2")) == visible
+    for n in (1, 3):
+        ending = json.dumps({topic: {"0": n}})
+        assert values(read_batch(spark, bootstrap, subscribe=topic, endingOffsets=ending)) == visible[:n]
+    starting = json.dumps({topic: {"0": 5}})  # starts inside the aborted transaction
+    assert values(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == ["d0", "p0"]
+    uncommitted = read_batch(spark, bootstrap, subscribe=topic, **{"kafka.isolation.level": "read_uncommitted"})
+    assert values(uncommitted) == sorted([*visible, "a0", "a1", "a2", "b0", "b1"])
+
+    # One offset per trigger: every kind of range in turn, each finishing without waiting for more data.
+    collected, progress = run_available_now(
+        spark, bootstrap, tmp_path / "one", subscribe=topic, startingOffsets="earliest", maxOffsetsPerTrigger="2"
+    )
+    assert values(collected.rows) == visible
+    assert len(progress) >= 7
+
+
+def test_stream_read_committed_waits_for_open_transactions(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("open"))
+    query, collected = start_stream(
+        spark, bootstrap, tmp_path / "ck", {"subscribe": topic, "startingOffsets": "earliest"}
+    )
+    try:
+        visible = transactional_layout(bootstrap, topic)
+        query.processAllAvailable()
+        assert values(collected.rows) == visible
+
+        produce_transaction(bootstrap, topic, ["only-aborted"], commit=False)  # a batch with no visible record
+        query.processAllAvailable()
+        assert values(collected.rows) == visible
+
+        open_txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("open")})
+        open_txn.init_transactions(30)
+        open_txn.begin_transaction()
+        open_txn.produce(topic, value=b"o0", partition=0)
+        open_txn.produce(topic, value=b"o1", partition=0)
+        assert open_txn.flush(30) == 0
+        produce(bootstrap, topic, ["after-open"], partition=0)
+        query.processAllAvailable()
+        assert values(collected.rows) == visible, "records at or after an open transaction were read"
+
+        open_txn.commit_transaction(30)
+        query.processAllAvailable()
+        assert values(collected.rows) == sorted([*visible, "o0", "o1", "after-open"])
+        assert len(collected.rows) == len(visible) + 3
+    finally:
+        query.stop()
+
+
+# --- data loss ---------------------------------------------------------------------------------------
+
+
+def test_fail_on_data_loss_after_delete_records(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("loss"))
+    produce(bootstrap, topic, [str(i) for i in range(100)])
+    checkpoint = tmp_path / "ck"
+    first, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="earliest")
+    assert len(first.rows) == 100
+
+    produce(bootstrap, topic, [str(i) for i in range(100, 200)])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 150)])[TopicPartition(topic, 0, 150)].result(30)
+
+    message = failure_of_stream(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="earliest")
+    assert "failOnDataLoss" in message
+    message = failure_of_batch(spark, bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 120}}))
+    assert "failOnDataLoss" in message
+
+    rest, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, failOnDataLoss="false")
+    assert placed(rest.rows) == offsets(topic, {0: range(150, 200)})
+    rows = read_batch(
+        spark, bootstrap, subscribe=topic, startingOffsets=json.dumps({topic: {"0": 120}}), failOnDataLoss="false"
+    )
+    assert placed(rows) == offsets(topic, {0: range(150, 200)})
+
+
+# --- offsets reported to a consumer group --------------------------------------------------------
+
+
+def test_commit_offsets_to_group_follows_the_batches(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("lag"), partitions=2)
+    fill(bootstrap, topic, 2, 7)
+    group = unique("lag-group")
+    query, collected = start_stream(
+        spark,
+        bootstrap,
+        tmp_path / "on",
+        {
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "kafka.group.id": group,
+        },
+    )
+    try:
+        query.processAllAvailable()
+        wait_for(
+            lambda: group_offsets(bootstrap, group, topic, 2) == {0: 7, 1: 7},
+            timeout_s=30,
+            what="group offsets at the end of the first batch",
+        )
+        produce(bootstrap, topic, ["more"], partition=1)
+        query.processAllAvailable()
+        wait_for(
+            lambda: group_offsets(bootstrap, group, topic, 2) == {0: 7, 1: 8},
+            timeout_s=30,
+            what="group offsets following the next batch",
+        )
+        assert len(collected.rows) == 15
+    finally:
+        query.stop()
+
+    silent = unique("silent-group")
+    collected, _ = run_available_now(
+        spark,
+        bootstrap,
+        tmp_path / "off",
+        subscribe=topic,
+        startingOffsets="earliest",
+        commitOffsetsToGroup="false",
+        **{"kafka.group.id": silent},
+    )
+    assert len(collected.rows) == 15
+    assert group_offsets(bootstrap, silent, topic, 2) == {}
+
+
+# --- errors before any record is read --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"subscribe": "t", "startingOfsets": "earliest"}, "did you mean 'startingOffsets'"),
+        ({}, "'subscribe', 'subscribePattern' or 'assign'"),
+        ({"subscribe": "t", "assign": '{"t": [0]}'}, "'subscribe', 'assign'"),
+        ({"subscribe": "t", "startingOffsets": "{t: 1}"}, "'startingOffsets' is not valid JSON"),
+        ({"subscribe": "t", "startingOffsets": "group"}, "'kafka.group.id'"),
+        ({"subscribe": "t", "kafka.enable.auto.commit": "true"}, "'kafka.enable.auto.commit'"),
+        ({"subscribe": "t", "maxOffsetsPerTrigger": "10"}, "'maxOffsetsPerTrigger' is not supported in batch"),
+    ],
+)
+def test_bad_options_fail_batch_reads_naming_the_option(spark, broker, options, named):
+    assert named in failure_of_batch(spark, broker.bootstrap_servers, **options)
+
+
+def test_bad_options_fail_streams_before_any_batch(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    message = failure_of_stream(spark, bootstrap, tmp_path / "a", subscribe="t", endingOffsets="latest")
+    assert "'endingOffsets' is not supported in streaming" in message
+    message = failure_of_stream(spark, bootstrap, tmp_path / "b", subscribe="t", maxOfsetsPerTrigger="5")
+    assert "did you mean 'maxOffsetsPerTrigger'" in message
+
+
+def test_unreachable_broker_is_a_clear_error_within_the_api_timeout(spark, tmp_path):
+    options = {"subscribe": "t", "kafka.default.api.timeout.ms": "2000"}
+    started = time.monotonic()
+    message = failure_of_batch(spark, "127.0.0.1:1", **options)
+    assert "kafka.bootstrap.servers=127.0.0.1:1" in message
+    message = failure_of_stream(spark, "127.0.0.1:1", tmp_path / "ck", **options)
+    assert "kafka.bootstrap.servers=127.0.0.1:1" in message
+    assert time.monotonic() - started < 40
