@@ -219,6 +219,8 @@ def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptio
     if commit_to_group and group_id is None:
         raise OptionError("option 'commitOffsetsToGroup' needs 'kafka.group.id' to name the group to commit to")
     starting = _parse_start(options, default="latest" if streaming else "earliest", group_id=group_id)
+    if not streaming:
+        _refuse_latest_start_in_batch(starting)
     if "auto.offset.reset" in kafka and starting.kind != "group":
         raise OptionError(
             "option 'kafka.auto.offset.reset' is only used with startingOffsets=group; "
@@ -308,6 +310,20 @@ def _parse_start(options: _Options, default: str, group_id: str | None) -> Start
             raise OptionError("option 'startingOffsets' is 'group' but 'kafka.group.id' is not set")
         return StartSpec("group", option=name)
     return StartSpec("offsets", offsets=_partition_map(options, name, minimum=EARLIEST), option=name)
+
+
+def _refuse_latest_start_in_batch(starting: StartSpec) -> None:
+    """As Spark's Kafka source: a batch query starting at latest would read nothing, which is never meant."""
+    if starting.kind == "latest":
+        raise OptionError("option 'startingOffsets' cannot be 'latest' for batch queries")
+    if starting.kind != "offsets":
+        return
+    for topic, partitions in starting.offsets.items():
+        for partition, offset in partitions.items():
+            if offset == LATEST:
+                raise OptionError(
+                    f"option 'startingOffsets': {topic}-{partition} cannot start at latest (-1) in batch queries"
+                )
 
 
 def _parse_end(options: _Options) -> StartSpec:
