@@ -194,6 +194,14 @@ def test_schema_is_spark_kafka_schema_and_headers_round_trip(spark, broker, tmp_
             assert {name: row[name] for name in fields} == fields
             assert int(row["timestamp"].timestamp() * 1000) == stamp + (value == b"v1")
 
+    appended = create_topic(bootstrap, unique("append"), config={"message.timestamp.type": "LogAppendTime"})
+    before = time.time()
+    producer.produce(appended, value=b"a", timestamp=stamp)
+    assert producer.flush(30) == 0
+    (row,) = read_batch(spark, bootstrap, subscribe=appended)
+    assert row["timestampType"] == 1  # Spark's LogAppendTime
+    assert row["timestamp"].timestamp() >= before - 1, "the producer's timestamp was kept on a LogAppendTime topic"
+
 
 # --- subscription -----------------------------------------------------------------------------------
 
@@ -297,10 +305,9 @@ def test_starting_offsets_latest_earliest_and_per_partition_json(spark, broker, 
     stream, _ = run_available_now(spark, bootstrap, tmp_path / "json", subscribe=topic, startingOffsets=starting)
     assert placed(stream.rows) == expected
     assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == expected
-    starting = json.dumps({topic: {"0": -1, "1": 3}})
-    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == offsets(
-        topic, {1: range(3, 11)}
-    )
+    starting = json.dumps({topic: {"0": -1, "1": 3}})  # -1 (latest) is for streams only, as in Spark
+    stream, _ = run_available_now(spark, bootstrap, tmp_path / "json-latest", subscribe=topic, startingOffsets=starting)
+    assert placed(stream.rows) == offsets(topic, {1: range(3, 11)})
 
 
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
@@ -515,6 +522,15 @@ def test_read_committed_skips_aborted_records_and_markers_in_any_range_split(spa
     assert values(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == ["d0", "p0"]
     uncommitted = read_batch(spark, bootstrap, subscribe=topic, **{"kafka.isolation.level": "read_uncommitted"})
     assert values(uncommitted) == sorted([*visible, "a0", "a1", "a2", "b0", "b1"])
+    stream, _ = run_available_now(
+        spark,
+        bootstrap,
+        tmp_path / "uncommitted",
+        subscribe=topic,
+        startingOffsets="earliest",
+        **{"kafka.isolation.level": "read_uncommitted"},
+    )
+    assert values(stream.rows) == values(uncommitted)
 
     # One offset per trigger: every kind of range in turn, each finishing without waiting for more data.
     collected, progress = run_available_now(
@@ -585,6 +601,26 @@ def test_fail_on_data_loss_after_delete_records(spark, broker, tmp_path):
     assert placed(rows) == offsets(topic, {0: range(150, 200)})
 
 
+def test_fail_on_data_loss_after_a_subscribed_topic_is_deleted(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    kept = create_topic(bootstrap, unique("kept"))
+    doomed = create_topic(bootstrap, unique("doomed"))
+    produce(bootstrap, kept, ["k0"])
+    produce(bootstrap, doomed, ["d0"])
+    checkpoint = tmp_path / "ck"
+    options = {"subscribe": f"{kept},{doomed}", "startingOffsets": "earliest"}
+    first, _ = run_available_now(spark, bootstrap, checkpoint, **options)
+    assert values(first.rows) == ["d0", "k0"]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([doomed])[doomed].result(30)
+    wait_for(lambda: doomed not in admin.list_topics(timeout=10).topics, what="the topic deletion")
+    produce(bootstrap, kept, ["k1"])
+    assert "failOnDataLoss" in failure_of_stream(spark, bootstrap, checkpoint, **options)
+    rest, _ = run_available_now(spark, bootstrap, checkpoint, failOnDataLoss="false", **options)
+    assert placed(rest.rows) == {(kept, 0, 1)}
+
+
 # --- offsets reported to a consumer group --------------------------------------------------------
 
 
@@ -648,6 +684,9 @@ def test_commit_offsets_to_group_follows_the_batches(spark, broker, tmp_path):
         ({"subscribe": "t", "startingOffsets": "group"}, "'kafka.group.id'"),
         ({"subscribe": "t", "kafka.enable.auto.commit": "true"}, "'kafka.enable.auto.commit'"),
         ({"subscribe": "t", "maxOffsetsPerTrigger": "10"}, "'maxOffsetsPerTrigger' is not supported in batch"),
+        ({"subscribe": "t", "startingOffsets": "latest"}, "'startingOffsets' cannot be 'latest' for batch"),
+        ({"subscribe": "t", "startingOffsets": '{"t": {"0": -1}}'}, "t-0 cannot start at latest (-1) in batch"),
+        ({"subscribe": "t", "endingOffsets": "earliest"}, "'endingOffsets' cannot be 'earliest'"),
     ],
 )
 def test_bad_options_fail_batch_reads_naming_the_option(spark, broker, options, named):
