@@ -111,12 +111,73 @@ async def _serve(config: BrokerConfig, schema_registry: tuple[str, int] | None =
     return 0
 
 
+def _add_run_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("run", help="run a job file (YAML) with its restart strategy")
+    parser.add_argument("job", help="the job file")
+    parser.add_argument("--master", help="Spark master URL (default: local[*], or $SPARKEOS_MASTER)")
+    parser.add_argument("--available-now", action="store_true",
+                        help="process what is in the input now, then stop (Trigger.AvailableNow)")
+    parser.add_argument("--status-file", type=Path, help="write the supervisor's status (restarts, state) there")
+
+
+def _add_audit_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("audit", help="compare a job's output topic with what the job should have written")
+    parser.add_argument("job", help="the job file whose transformation defines the expected output")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--input", required=True, help="the input topic")
+    parser.add_argument("--output", required=True, help="the output topic")
+    parser.add_argument("--dead-letter", help="the dead-letter topic (default: the job's bad_records.topic)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
+
+
+def run_job(args: argparse.Namespace) -> int:
+    from .jobs.runner import Supervisor
+    from .jobs.spec import JobError
+
+    logging.basicConfig(level="WARNING", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        supervisor = Supervisor(args.job, args.master, args.available_now, args.status_file)
+    except JobError as exc:
+        print(f"sparkeos run: {exc}", file=sys.stderr)
+        return 2
+    return supervisor.run()
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from .jobs.audit import audit, print_report
+    from .jobs.spec import JobError, load_job
+
+    try:
+        spec = load_job(args.job)
+    except JobError as exc:
+        print(f"sparkeos audit: {exc}", file=sys.stderr)
+        return 2
+    import sparkeos.spark
+
+    spark = sparkeos.spark.session("sparkeos-audit", master="local[*]", config={"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    report = audit(spark, spec, args.bootstrap_servers, args.input, args.output, args.dead_letter)
+    print_report(report)
+    if args.json:
+        print(json.dumps(report.summary()))
+    spark.stop()
+    return 0 if report.exact else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkeos", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_broker_parser(commands)
+    _add_run_parser(commands)
+    _add_audit_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "broker":
         return run_broker(args)
+    if args.command == "run":
+        return run_job(args)
+    if args.command == "audit":
+        return run_audit(args)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -1,0 +1,143 @@
+"""`sparkeos audit`: compare what a job wrote with what its definition says it should have written.
+
+Both topics are read with read_committed. The expected output is the job's own transformation run
+in batch mode over the whole input; the comparison is of multisets of record values, so the audit
+finds lost records (missing), records written twice (duplicated) and records that should not exist
+(unexpected, e.g. from aborted transactions leaking). Event-time windows still open at the end of
+the input are counted as expected too: the job must have been driven past them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .pipeline import build
+from .spec import JobSpec
+
+SAMPLES = 5
+
+
+@dataclass
+class Comparison:
+    expected: int = 0
+    delivered: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    samples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return self.missing == 0 and self.duplicated == 0 and self.unexpected == 0
+
+
+@dataclass
+class AuditReport:
+    output: Comparison
+    dead_letter: Comparison | None
+
+    @property
+    def exact(self) -> bool:
+        return self.output.exact and (self.dead_letter is None or self.dead_letter.exact)
+
+    def summary(self) -> dict:
+        report = {
+            "expected": self.output.expected, "delivered": self.output.delivered, "missing": self.output.missing,
+            "duplicated": self.output.duplicated, "unexpected": self.output.unexpected,
+            "dead_lettered": self.dead_letter.delivered if self.dead_letter else 0,
+            "exact": self.exact,
+        }
+        if self.dead_letter is not None:
+            report["dead_letter"] = asdict(self.dead_letter)
+        report["samples"] = self.output.samples
+        return report
+
+
+def read_topic_values(spark: SparkSession, bootstrap: str, topic: str) -> DataFrame:
+    return (spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "earliest").load().select("value"))
+
+
+def compare(expected: DataFrame, actual: DataFrame) -> Comparison:
+    """Multiset difference of the `value` columns, computed in Spark (only the differences are collected)."""
+    want = expected.groupBy("value").agg(F.count(F.lit(1)).alias("want"))
+    have = actual.groupBy("value").agg(F.count(F.lit(1)).alias("have"))
+    joined = want.join(have, "value", "full_outer").fillna(0, ["want", "have"])
+    totals = joined.agg(
+        F.sum("want").alias("expected"), F.sum("have").alias("delivered"),
+        F.sum(F.greatest(F.col("want") - F.col("have"), F.lit(0))).alias("missing"),
+        F.sum(F.when(F.col("want") > 0, F.greatest(F.col("have") - F.col("want"), F.lit(0))).otherwise(0))
+        .alias("duplicated"),
+        F.sum(F.when(F.col("want") == 0, F.col("have")).otherwise(0)).alias("unexpected"),
+    ).collect()[0]
+    result = Comparison(*(int(totals[name] or 0) for name in ("expected", "delivered", "missing", "duplicated",
+                                                             "unexpected")))
+    if not result.exact:
+        kinds = {
+            "missing": F.col("want") > F.col("have"),
+            "duplicated": (F.col("want") > 0) & (F.col("have") > F.col("want")),
+            "unexpected": F.col("want") == 0,
+        }
+        for kind, condition in kinds.items():
+            rows = joined.where(condition).limit(SAMPLES).collect()
+            if rows:
+                result.samples[kind] = [f"{_show(r['value'])} (expected {r['want']}, found {r['have']})" for r in rows]
+    return result
+
+
+def _show(value) -> str:
+    if value is None:
+        return "null"
+    data = bytes(value)
+    try:
+        return repr(data.decode())
+    except UnicodeDecodeError:
+        return data.hex()
+
+
+def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, output_topic: str,
+          dead_letter_topic: str | None = None) -> AuditReport:
+    if not spec.sink.is_kafka:
+        raise ValueError("sparkeos audit compares Kafka topics; this job writes to a file sink")
+    audited = _with_bootstrap(spec, bootstrap)
+    frames = build(spark, audited, batch=True, input_topic=input_topic)
+    expected_output = frames.output.where(F.col("topic") == F.lit(audited.sink.options["topic"])).select("value")
+    output = compare(expected_output, read_topic_values(spark, bootstrap, output_topic))
+    dead_letter = None
+    dead_letter_topic = dead_letter_topic or audited.bad_records.topic
+    if audited.bad_records.policy == "dead-letter" and dead_letter_topic:
+        expected_bad = frames.bad.select(F.col("kafka.value").alias("value")) if frames.bad is not None else None
+        if expected_bad is not None:
+            dead_letter = compare(expected_bad, read_topic_values(spark, bootstrap, dead_letter_topic))
+    return AuditReport(output, dead_letter)
+
+
+def _with_bootstrap(spec: JobSpec, bootstrap: str) -> JobSpec:
+    from dataclasses import replace
+
+    source = {k: v for k, v in spec.source.items() if k.lower() != "kafka.bootstrap.servers"}
+    source["kafka.bootstrap.servers"] = bootstrap
+    sink_options = {k: v for k, v in spec.sink.options.items() if k.lower() != "kafka.bootstrap.servers"}
+    sink_options["kafka.bootstrap.servers"] = bootstrap
+    return replace(spec, source=source, sink=replace(spec.sink, options=sink_options))
+
+
+def print_report(report: AuditReport, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="sparkeos audit")
+    for column in ("", "expected", "delivered", "missing", "duplicated", "unexpected"):
+        table.add_column(column, justify="right")
+    rows = [("output", report.output)] + ([("dead letter", report.dead_letter)] if report.dead_letter else [])
+    for name, c in rows:
+        table.add_row(name, str(c.expected), str(c.delivered), str(c.missing), str(c.duplicated), str(c.unexpected))
+    console.print(table)
+    for name, c in rows:
+        for kind, samples in c.samples.items():
+            console.print(f"{name} {kind}: " + "; ".join(samples))
+    console.print("[bold green]exact[/]" if report.exact else "[bold red]NOT exact[/]")

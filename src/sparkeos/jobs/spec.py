@@ -1,0 +1,393 @@
+"""Job files (`sparkeos run JOB.yaml`): parsed and validated up front, every error naming its field.
+
+    name: people-etl
+    source:                       # any sparkeos.kafka source option
+      kafka.bootstrap.servers: 127.0.0.1:9092
+      subscribe: people
+      startingOffsets: earliest
+    format:                       # how record values are decoded
+      type: avro                  # string | json | avro
+      schema: people.avsc         # avro: file or inline JSON; json: a Spark DDL string
+      registry: http://127.0.0.1:8081
+    transforms:                   # applied in order; each SQL sees the previous result as `input`
+      - sql: SELECT * FROM input WHERE length(identifyNumber) = 18
+      - python: mypackage.module:function
+    window:                       # optional tumbling window
+      duration: 20 seconds
+      time: processing            # processing (default) | event
+      column: kafka.timestamp     # event time: a SQL expression (default: the Kafka record timestamp);
+                                  # it becomes the column event_time, which transforms must keep
+      watermark: 10 seconds       # event time only
+    output:
+      value: identifyNumber       # SQL expression (default: to_json(struct(*)))
+      key: null                   # SQL expression (default: the window end for windowed jobs, else none)
+    sink:
+      format: sparkeos.kafka      # or a Spark file format: parquet | json | csv | orc
+      topic: out                  # kafka: default topic; files: use path
+      deliveryGuarantee: exactly_once
+      options: {}                 # more sink options (kafka.* and the like)
+    checkpoint: /var/lib/sparkeos/people-etl
+    trigger: 5 seconds
+    restart: {strategy: fixed-delay, attempts: 3, delay: 10 seconds}
+    bad_records: {policy: dead-letter, topic: people-dlq}   # fail | skip | dead-letter
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..spark.options import OptionError, parse_sink_options, parse_source_options
+
+FORMATS = ("string", "json", "avro")
+FILE_SINKS = ("parquet", "json", "csv", "orc")
+POLICIES = ("fail", "skip", "dead-letter")
+WINDOW_TIMES = ("processing", "event")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?)\s*$", re.I)
+_UNIT_S = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1,
+           "m": 60, "min": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600}
+
+
+class JobError(ValueError):
+    """A job file is invalid; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    type: str = "string"
+    schema: str | None = None
+    registry: str | None = None
+
+
+@dataclass(frozen=True)
+class Transform:
+    sql: str | None = None
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    duration_s: float
+    time: str = "processing"
+    column: str = "kafka.timestamp"
+    watermark_s: float | None = None
+
+    @property
+    def duration(self) -> str:
+        return seconds_text(self.duration_s)
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    format: str = "sparkeos.kafka"
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_kafka(self) -> bool:
+        return self.format == "sparkeos.kafka"
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    strategy: str = "fixed-delay"
+    attempts: int = 3
+    delay_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class BadRecordSpec:
+    policy: str = "fail"
+    topic: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    source: dict[str, str]
+    format: FormatSpec
+    transforms: tuple[Transform, ...]
+    window: WindowSpec | None
+    output_value: str | None
+    output_key: str | None
+    sink: SinkSpec
+    checkpoint: str
+    trigger_s: float | None
+    restart: RestartSpec
+    bad_records: BadRecordSpec
+    path: Path | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.source["kafka.bootstrap.servers"]
+
+
+def seconds_text(seconds: float) -> str:
+    if seconds >= 1 and float(seconds).is_integer():
+        return f"{int(seconds)} seconds"
+    return f"{int(round(seconds * 1000))} milliseconds"
+
+
+class _Fields:
+    """Walks the YAML mapping, remembering where we are for error messages."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, path: str, message: str) -> JobError:
+        return JobError(f"{self.where}: {path}: {message}")
+
+    def mapping(self, value: Any, path: str, known: set[str]) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {type(value).__name__}")
+        for key in value:
+            if str(key) not in known:
+                raise self.fail(f"{path}.{key}" if path else str(key),
+                                f"unknown field (expected one of {', '.join(sorted(known))})")
+        return value
+
+    def text(self, value: Any, path: str, required: bool = False) -> str | None:
+        if value is None:
+            if required:
+                raise self.fail(path, "is required")
+            return None
+        if isinstance(value, (dict, list)):
+            raise self.fail(path, f"must be a string, got {type(value).__name__}")
+        text = str(value).strip()
+        if required and not text:
+            raise self.fail(path, "is required")
+        return text or None
+
+    def choice(self, value: Any, path: str, choices: tuple[str, ...], default: str) -> str:
+        text = (self.text(value, path) or default).lower()
+        if text not in choices:
+            raise self.fail(path, f"must be one of {', '.join(choices)} (got {value!r})")
+        return text
+
+    def duration(self, value: Any, path: str) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            match = _DURATION.match(str(value))
+            if not match:
+                raise self.fail(path, f"must be a duration such as '20 seconds' or '500 ms' (got {value!r})")
+            seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+        if seconds <= 0:
+            raise self.fail(path, "must be positive")
+        return seconds
+
+    def integer(self, value: Any, path: str, default: int, minimum: int) -> int:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"must be an integer (got {value!r})")
+        if value < minimum:
+            raise self.fail(path, f"must be at least {minimum} (got {value})")
+        return value
+
+
+TOP_LEVEL = {"name", "source", "format", "transforms", "window", "output", "sink", "checkpoint", "trigger", "restart",
+             "bad_records"}
+
+
+def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise JobError(f"{path}: no such job file") from None
+    except yaml.YAMLError as exc:
+        raise JobError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(document, dict) and overrides:
+        document = {**document, **overrides}
+    return parse_job(document, str(path), base=path.parent)
+
+
+def parse_job(document: Any, where: str = "job", base: Path | None = None) -> JobSpec:
+    fields = _Fields(where)
+    top = fields.mapping(document, "", TOP_LEVEL)
+    if not top:
+        raise fields.fail("(top level)", "the job file is empty")
+    source = _parse_source(fields, top.get("source"))
+    format_spec = _parse_format(fields, top.get("format"), base)
+    transforms = _parse_transforms(fields, top.get("transforms"))
+    window = _parse_window(fields, top.get("window"))
+    output = fields.mapping(top.get("output"), "output", {"value", "key"})
+    sink = _parse_sink(fields, top.get("sink"), source)
+    bad = _parse_bad_records(fields, top.get("bad_records"), sink)
+    restart = _parse_restart(fields, top.get("restart"))
+    checkpoint = fields.text(top.get("checkpoint"), "checkpoint", required=True)
+    trigger = fields.duration(top.get("trigger"), "trigger")
+    if window and window.time == "processing" and trigger is not None and trigger != window.duration_s:
+        raise fields.fail("trigger", "a processing-time window is one micro-batch per window; leave trigger unset "
+                          f"or equal to window.duration ({window.duration})")
+    return JobSpec(
+        name=fields.text(top.get("name"), "name") or (Path(where).stem if where != "job" else "sparkeos-job"),
+        source=source, format=format_spec, transforms=transforms, window=window,
+        output_value=fields.text(output.get("value"), "output.value"),
+        output_key=fields.text(output.get("key"), "output.key"),
+        sink=sink, checkpoint=str(checkpoint), trigger_s=trigger, restart=restart, bad_records=bad,
+        path=Path(where) if where != "job" else None,
+    )
+
+
+def _parse_source(fields: _Fields, value: Any) -> dict[str, str]:
+    if value is None:
+        raise fields.fail("source", "is required (sparkeos.kafka source options)")
+    if not isinstance(value, dict):
+        raise fields.fail("source", "must be a mapping of sparkeos.kafka source options")
+    options = {str(k): _option_text(v) for k, v in value.items()}
+    try:
+        parse_source_options({k.lower(): v for k, v in options.items()}, streaming=True)
+    except OptionError as exc:
+        raise fields.fail("source", str(exc)) from None
+    return options
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _parse_format(fields: _Fields, value: Any, base: Path | None) -> FormatSpec:
+    spec = fields.mapping(value, "format", {"type", "schema", "registry"})
+    kind = fields.choice(spec.get("type"), "format.type", FORMATS, "string")
+    schema = fields.text(spec.get("schema"), "format.schema")
+    registry = fields.text(spec.get("registry"), "format.registry")
+    if kind == "string":
+        if schema or registry:
+            raise fields.fail("format", "type string takes no schema or registry")
+        return FormatSpec("string")
+    if kind == "json":
+        if not schema:
+            raise fields.fail("format.schema",
+                              "is required for type json (a Spark DDL string such as 'id INT, name STRING')")
+        return FormatSpec("json", schema=schema)
+    if not schema:
+        raise fields.fail("format.schema", "is required for type avro (the reader schema: a .avsc file or inline JSON)")
+    if not schema.lstrip().startswith("{"):
+        schema_path = Path(schema) if base is None or Path(schema).is_absolute() else base / schema
+        try:
+            schema = schema_path.read_text()
+        except OSError as exc:
+            raise fields.fail("format.schema", f"cannot read {schema_path}: {exc.strerror}") from None
+    try:
+        parsed = json.loads(schema)
+    except json.JSONDecodeError as exc:
+        raise fields.fail("format.schema", f"is not valid JSON: {exc.msg}") from None
+    try:
+        import fastavro
+
+        fastavro.parse_schema(parsed)
+    except Exception as exc:  # noqa: BLE001 - fastavro raises several types for invalid schemas
+        raise fields.fail("format.schema", f"is not a valid Avro schema: {exc}") from None
+    if not registry:
+        raise fields.fail("format.registry", "is required for type avro (the Confluent wire format carries schema ids)")
+    if not re.match(r"^https?://", registry):
+        raise fields.fail("format.registry", f"must be an http(s) URL (got {registry!r})")
+    return FormatSpec("avro", schema=schema, registry=registry)
+
+
+def _parse_transforms(fields: _Fields, value: Any) -> tuple[Transform, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise fields.fail("transforms", "must be a list of {sql: ...} or {python: module:function}")
+    transforms = []
+    for index, item in enumerate(value):
+        path = f"transforms[{index}]"
+        step = fields.mapping(item, path, {"sql", "python"})
+        if len(step) != 1:
+            raise fields.fail(path, "needs exactly one of sql or python")
+        sql = fields.text(step.get("sql"), f"{path}.sql")
+        python = fields.text(step.get("python"), f"{path}.python")
+        if python is not None and not re.match(r"^[\w.]+:\w+$", python):
+            raise fields.fail(f"{path}.python", f"must be module:function (got {python!r})")
+        if sql is None and python is None:
+            raise fields.fail(path, "is empty")
+        transforms.append(Transform(sql=sql, python=python))
+    return tuple(transforms)
+
+
+def _parse_window(fields: _Fields, value: Any) -> WindowSpec | None:
+    if value is None:
+        return None
+    spec = fields.mapping(value, "window", {"duration", "time", "column", "watermark"})
+    duration = fields.duration(spec.get("duration"), "window.duration")
+    if duration is None:
+        raise fields.fail("window.duration", "is required")
+    time_kind = fields.choice(spec.get("time"), "window.time", WINDOW_TIMES, "processing")
+    watermark = fields.duration(spec.get("watermark"), "window.watermark")
+    column = fields.text(spec.get("column"), "window.column") or "kafka.timestamp"
+    if time_kind == "processing" and (watermark is not None or spec.get("column") is not None):
+        raise fields.fail("window", "watermark and column apply to event-time windows (time: event)")
+    if time_kind == "event" and watermark is None:
+        raise fields.fail("window.watermark", "is required for event-time windows")
+    return WindowSpec(duration, time_kind, column, watermark)
+
+
+def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec:
+    spec = fields.mapping(value, "sink", {"format", "topic", "path", "deliveryGuarantee", "options"})
+    if not spec:
+        raise fields.fail("sink", "is required")
+    sink_format = (fields.text(spec.get("format"), "sink.format") or "sparkeos.kafka").lower()
+    if sink_format not in ("sparkeos.kafka", *FILE_SINKS):
+        raise fields.fail("sink.format",
+                          f"must be sparkeos.kafka or one of {', '.join(FILE_SINKS)} (got {sink_format!r})")
+    extra = spec.get("options") or {}
+    if not isinstance(extra, dict):
+        raise fields.fail("sink.options", "must be a mapping")
+    options = {str(k): _option_text(v) for k, v in extra.items()}
+    if sink_format == "sparkeos.kafka":
+        if spec.get("path") is not None:
+            raise fields.fail("sink.path", "applies to file sinks; a Kafka sink takes topic")
+        options.setdefault("kafka.bootstrap.servers", source["kafka.bootstrap.servers"])
+        if spec.get("topic") is not None:
+            options["topic"] = fields.text(spec.get("topic"), "sink.topic") or ""
+        if spec.get("deliveryGuarantee") is not None:
+            options["deliveryGuarantee"] = fields.text(spec.get("deliveryGuarantee"), "sink.deliveryGuarantee") or ""
+        try:
+            parsed = parse_sink_options({k.lower(): v for k, v in options.items()})
+        except OptionError as exc:
+            raise fields.fail("sink", str(exc)) from None
+        if parsed.topic is None:
+            raise fields.fail("sink.topic", "is required for a Kafka sink")
+    else:
+        if spec.get("topic") is not None or spec.get("deliveryGuarantee") is not None:
+            raise fields.fail("sink", f"topic and deliveryGuarantee apply to Kafka sinks, not {sink_format}")
+        options["path"] = fields.text(spec.get("path"), "sink.path", required=True) or ""
+    return SinkSpec(sink_format, options)
+
+
+def _parse_bad_records(fields: _Fields, value: Any, sink: SinkSpec) -> BadRecordSpec:
+    spec = fields.mapping(value, "bad_records", {"policy", "topic"})
+    policy = fields.choice(spec.get("policy"), "bad_records.policy", POLICIES, "fail")
+    topic = fields.text(spec.get("topic"), "bad_records.topic")
+    if policy == "dead-letter":
+        if topic is None:
+            raise fields.fail("bad_records.topic", "is required for the dead-letter policy")
+        if not sink.is_kafka:
+            raise fields.fail("bad_records.policy", "dead-letter needs a sparkeos.kafka sink (same transaction)")
+    elif topic is not None:
+        raise fields.fail("bad_records.topic", f"only applies to the dead-letter policy, not {policy}")
+    return BadRecordSpec(policy, topic)
+
+
+def _parse_restart(fields: _Fields, value: Any) -> RestartSpec:
+    spec = fields.mapping(value, "restart", {"strategy", "attempts", "delay"})
+    strategy = fields.choice(spec.get("strategy"), "restart.strategy", ("fixed-delay", "none"), "fixed-delay")
+    attempts = fields.integer(spec.get("attempts"), "restart.attempts", 3, 0)
+    delay = fields.duration(spec.get("delay"), "restart.delay")
+    return RestartSpec(strategy, 0 if strategy == "none" else attempts, 10.0 if delay is None else delay)
