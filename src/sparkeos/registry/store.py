@@ -87,12 +87,12 @@ class SchemaStore:
     def usages_of_id(self, schema_id: int) -> list[tuple[str, int]]:
         self.schema_by_id(schema_id)
         with self._lock:
-            return [
+            return sorted(
                 (entry.subject, entry.version)
                 for versions in self._subjects.values()
                 for entry in versions
                 if entry.schema_id == schema_id
-            ]
+            )
 
     def lookup(self, subject: str, schema_text: Any) -> RegisteredVersion:
         schema = parse_avro_schema(schema_text)
