@@ -171,6 +171,11 @@ class OffsetPlanner:
             if unknown:
                 named = ", ".join(f"{t}-{p}" for t, p in unknown)
                 raise ValueError(f"option '{spec.option}' names partitions that are not read: {named}")
+            missing = sorted(set(partitions) - set(per_partition))
+            if missing and (self.options.assign is not None or self.options.subscribe):
+                # As Spark: a partition left out would silently start (or end) at latest.
+                named = ", ".join(f"{t}-{p}" for t, p in missing)
+                raise ValueError(f"option '{spec.option}' must give a timestamp for every partition; missing {named}")
         resolved: Offsets = {}
         by_timestamp: dict[int, list[Partition]] = {}
         for partition, timestamp in per_partition.items():
