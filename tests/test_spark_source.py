@@ -377,6 +377,10 @@ def test_starting_timestamps_and_ending_timestamps(spark, broker, tmp_path):
     )
     assert placed(rows) == offsets(topic, {1: range(10)})
 
+    partial = json.dumps({topic: {"0": base}})
+    message = failure_of_batch(spark, bootstrap, subscribe=topic, startingOffsetsByTimestamp=partial)
+    assert "startingOffsetsByTimestamp' must give a timestamp for every partition; missing " + f"{topic}-1" in message
+
     ending = read_batch(spark, bootstrap, subscribe=topic, endingTimestamp=str(base + 4500))
     assert placed(ending) == offsets(topic, {0: range(5), 1: range(5)})
     ending_by = json.dumps({topic: {"0": base + 1000, "1": base + 60_000}})  # none that new: to the end
@@ -489,6 +493,32 @@ def test_min_partitions_and_max_records_per_partition_split_ranges(spark, broker
     )
     assert list(collected.spark_partitions.values()) == [5]
     assert len(collected.rows) == 100
+
+
+def test_ranges_larger_than_one_arrow_batch_read_every_record_once(spark, broker):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("big"), partitions=2)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    for i in range(20_000):
+        producer.produce(topic, value=str(i).encode(), partition=i % 2)
+        if i % 5000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    from pyspark.sql import functions as F
+
+    frame = batch_frame(spark, bootstrap, {"subscribe": topic})
+    summary = frame.groupBy("partition").agg(
+        F.count("*").alias("rows"),
+        F.countDistinct("offset").alias("distinct"),
+        F.min("offset").alias("first"),
+        F.max("offset").alias("last"),
+        F.sum(F.col("value").cast("string").cast("long")).alias("total"),
+    )
+    by_partition = {row["partition"]: row.asDict() for row in summary.collect()}
+    for partition in (0, 1):
+        assert by_partition[partition]["rows"] == by_partition[partition]["distinct"] == 10_000
+        assert (by_partition[partition]["first"], by_partition[partition]["last"]) == (0, 9_999)
+        assert by_partition[partition]["total"] == sum(range(partition, 20_000, 2))
 
 
 # --- transactions ------------------------------------------------------------------------------------
