@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""End-to-end pipeline benchmark: Kafka -> filter + map -> Kafka, exactly once, four ways, one broker.
+
+One sparkeos broker runs in a child process (so it never shares a GIL with the pipeline measured),
+and one input topic of --records 100-byte records is produced once. Each variant then reads it all,
+keeps the records whose first byte is even, upper-cases them and appends b"!", and writes them to a
+fresh output topic of its own:
+
+  (a) raw    confluent-kafka consume -> transform -> transactional produce loop, offsets sent with
+             send_offsets_to_transaction, one transaction per --txn-records input records, one process
+  (b) spark  spark.readStream.format("sparkeos.kafka") -> filter/map -> writeStream.format("sparkeos.kafka"),
+             deliveryGuarantee=exactly_once, Trigger.AvailableNow, local[2]
+  (c) spark  the same with deliveryGuarantee=at_least_once
+  (d) quix   Quix Streams, processing_guarantee="exactly-once"
+
+msgs/s = input records / wall seconds from the start of processing (clients created, query started)
+until the last output is committed. Spark's session start-up, and a small warm-up query that starts
+its Python workers, are timed and printed but are not in (b)/(c).
+
+Every variant's output is checked by an independent read_committed reader: record count and an
+order-independent checksum of the values must equal what the input implies. A mismatch marks the row
+INVALID and the run exits 1: a variant cannot look fast by dropping or duplicating records.
+
+    python benchmarks/pipeline.py                       # 1,000,000 records, all variants
+    python benchmarks/pipeline.py --records 100000 --variants a,b
+    python benchmarks/pipeline.py --json                # also print the results as one JSON object
+
+Quix Streams pins confluent-kafka < 2.13 while sparkeos needs >= 2.16, so it cannot share the project's
+environment: (d) runs in a child process on --quix-python (default .venv-quix/bin/python), made with
+
+    python3.11 -m venv .venv-quix && .venv-quix/bin/pip install quixstreams
+
+This file must stay importable there: only the standard library and confluent_kafka at module level.
+This is a benchmark, not a test: a missed target is reported, never raised; a wrong output count fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
+VALUE_SIZE = 100
+WARMUP_RECORDS = 2_000
+
+VARIANTS = {
+    "a": "(a) confluent-kafka EOS loop",
+    "b": "(b) sparkeos exactly_once",
+    "c": "(c) sparkeos at_least_once",
+    "d": "(d) quixstreams exactly-once",
+}
+# (numerator, denominator, target): the ratios of msgs/s this benchmark reports.
+TARGETS = [("b", "a", 1.0), ("b", "d", 5.0), ("b", "c", 0.85)]
+
+
+class VerificationError(AssertionError):
+    """A variant's committed output is not exactly what its input implies."""
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+def input_value(i: int) -> bytes:
+    """100 bytes; the first byte is a lower-case letter, even for half the records."""
+    head = b"%c%09d-" % (97 + i % 26, i)
+    return head + b"x" * (VALUE_SIZE - len(head))
+
+
+def transform(value: bytes) -> bytes | None:
+    """The pipeline's filter + map, as every variant must compute it."""
+    if value[0] % 2:
+        return None
+    return value.upper() + b"!"
+
+
+@dataclass
+class Expected:
+    count: int
+    checksum: int
+
+
+def checksum(values: list[bytes]) -> int:
+    # A sum of CRCs does not depend on order, which no variant promises across partitions.
+    return sum(zlib.crc32(v) for v in values)
+
+
+# --------------------------------------------------------------------------------------------
+# Topics and the independent reader
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> str:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, replication_factor=1)])[name].result(30)
+    return name
+
+
+def new_topic_name(what: str) -> str:
+    return f"pipeline-{what}-{uuid.uuid4().hex[:8]}"
+
+
+def produce_input(bootstrap: str, topic: str, records: int, partitions: int) -> Expected:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+        }
+    )
+    failures: list[KafkaError] = []
+
+    def on_delivery(error: KafkaError | None, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+
+    count, total = 0, 0
+    for i in range(records):
+        value = input_value(i)
+        out = transform(value)
+        if out is not None:
+            count += 1
+            total += zlib.crc32(out)
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % partitions, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(120) or failures:
+        raise RuntimeError(f"producing the input failed: {failures[:3]}")
+    return Expected(count, total)
+
+
+def end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
+    metadata = consumer.list_topics(topic, timeout=10)
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in metadata.topics[topic].partitions
+    }
+
+
+def read_committed_output(bootstrap: str, topic: str, timeout_s: float = 300.0) -> Expected:
+    """Count and checksum every visible record of `topic` with a fresh read_committed consumer."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": new_topic_name("audit"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        # Under read_committed the high watermark is the last stable offset: what is decided.
+        ends = end_offsets(consumer, topic)
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        pending = {p for p, end in ends.items() if end > 0}
+        count, total = 0, 0
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise VerificationError(f"reading {topic} timed out; partitions {sorted(pending)} unfinished")
+            for message in consumer.consume(10_000, 0.2):
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(error)
+                    if message.offset() >= ends[message.partition()]:
+                        pending.discard(message.partition())
+                    continue
+                count += 1
+                total += zlib.crc32(message.value())
+        return Expected(count, total)
+    finally:
+        consumer.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Result:
+    variant: str
+    name: str
+    msgs_per_s: float | None = None
+    seconds: float | None = None
+    output_records: int | None = None
+    verified: bool | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def verify(result: Result, bootstrap: str, topic: str, expected: Expected) -> None:
+    found = read_committed_output(bootstrap, topic)
+    result.output_records = found.count
+    result.verified = found == expected
+    if not result.verified:
+        result.error = (
+            f"VERIFICATION FAILED: {topic} holds {found.count} committed records (checksum {found.checksum}), "
+            f"expected {expected.count} (checksum {expected.checksum})"
+        )
+        print(f"\n!!! {result.name}: {result.error}\n", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# (a) the classic consume -> transform -> produce loop
+
+
+def produce_retrying(producer: Producer, topic: str, value: bytes, key: bytes | None) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key)
+            return
+        except BufferError:
+            producer.poll(0.05)  # local queue full: let deliveries drain
+
+
+def run_raw_loop(bootstrap: str, source: str, sink: str, txn_records: int) -> dict[str, Any]:
+    """One transaction per `txn_records` input records, input offsets committed inside it."""
+    started = time.monotonic()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": new_topic_name("raw"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": new_topic_name("raw-txn"), "linger.ms": 5})
+    producer.init_transactions(30)
+    ends = end_offsets(consumer, source)
+    consumer.subscribe([source])
+    pending = {p for p, end in ends.items() if end > 0}
+    positions: dict[int, int] = {}
+    processed, in_txn, transactions, first_record_s = 0, 0, 0, None
+    producer.begin_transaction()
+    while pending:
+        for message in consumer.consume(1000, 0.5):
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                if message.offset() >= ends[message.partition()]:
+                    pending.discard(message.partition())
+                continue
+            if first_record_s is None:
+                first_record_s = time.monotonic() - started
+            positions[message.partition()] = message.offset() + 1
+            processed += 1
+            in_txn += 1
+            out = transform(message.value())
+            if out is not None:
+                produce_retrying(producer, sink, out, message.key())
+        if in_txn >= txn_records or (not pending and in_txn):
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, p, o) for p, o in positions.items()], consumer.consumer_group_metadata(), 30
+            )
+            producer.commit_transaction(30)
+            transactions += 1
+            in_txn = 0
+            if pending:
+                producer.begin_transaction()
+    seconds = time.monotonic() - started
+    consumer.close()
+    return {
+        "seconds": seconds,
+        "processed": processed,
+        "transactions": transactions,
+        "first_record_s": round(first_record_s or 0.0, 3),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# (b), (c) Spark
+
+
+def spark_session_for_benchmark():
+    import sparkeos.spark
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    return sparkeos.spark.session(
+        "sparkeos-pipeline-benchmark",
+        master="local[2]",
+        config={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "2g",
+            "spark.python.worker.reuse": "true",
+            "spark.ui.showConsoleProgress": "false",
+        },
+    )
+
+
+def run_spark_query(
+    spark, bootstrap: str, source: str, sink: str, guarantee: str, checkpoint: str, max_offsets_per_trigger: int
+) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    reader = (
+        spark.readStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    text = F.col("value").cast("string")
+    frame = (
+        reader.load()
+        .where(F.ascii(text) % 2 == 0)
+        .select("key", F.concat(F.upper(text), F.lit("!")).cast("binary").alias("value"))
+    )
+    query = (
+        frame.writeStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", sink)
+        .option("deliveryGuarantee", guarantee)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    if not query.awaitTermination(1800):
+        query.stop()
+        raise TimeoutError(f"the {guarantee} query did not finish in 1800 s")
+    seconds = time.monotonic() - started
+    if query.exception() is not None:
+        raise RuntimeError(f"the {guarantee} query failed: {query.exception()}")
+    return {"seconds": seconds, **progress_summary(query.recentProgress)}
+
+
+def progress_summary(progress: list) -> dict[str, Any]:
+    """Where Spark says each micro-batch spent its time (ms, summed over batches)."""
+    batches = [p for p in progress if p.get("numInputRows", 0)]
+    phases: dict[str, int] = {}
+    for p in batches:
+        for phase, ms in (p.get("durationMs") or {}).items():
+            phases[phase] = phases.get(phase, 0) + int(ms)
+    return {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches), "duration_ms": phases}
+
+
+def warm_up_spark(spark, bootstrap: str, workdir: Path, partitions: int) -> None:
+    """A small query first, so the measured queries do not pay for starting Python workers."""
+    source = create_topic(bootstrap, new_topic_name("warmup-in"), partitions)
+    sink = create_topic(bootstrap, new_topic_name("warmup-out"), partitions)
+    expected = produce_input(bootstrap, source, WARMUP_RECORDS, partitions)
+    run_spark_query(spark, bootstrap, source, sink, "exactly_once", str(workdir / "warmup-checkpoint"), 0)
+    found = read_committed_output(bootstrap, sink)
+    if found != expected:
+        raise VerificationError(f"the Spark warm-up query wrote {found}, expected {expected}")
+
+
+# --------------------------------------------------------------------------------------------
+# (d) Quix Streams, in its own environment
+
+
+def run_quix_worker(bootstrap: str, source: str, sink: str, expected_outputs: int) -> None:
+    """Runs under --quix-python; prints one JSON line with its own timing."""
+    import logging
+
+    from quixstreams import Application
+
+    started = time.monotonic()
+    app = Application(
+        broker_address=bootstrap,
+        consumer_group=new_topic_name("quix"),
+        auto_offset_reset="earliest",
+        processing_guarantee="exactly-once",
+        loglevel=logging.WARNING,
+    )
+    source_topic = app.topic(source, key_deserializer="bytes", value_deserializer="bytes")
+    sink_topic = app.topic(sink, key_serializer="bytes", value_serializer="bytes")
+    frame = app.dataframe(source_topic)
+    frame = frame.filter(lambda value: value[0] % 2 == 0).apply(lambda value: value.upper() + b"!")
+    frame.to_topic(sink_topic)
+    # Stops once `expected_outputs` records went out (then commits), or after 60 s without input,
+    # which only a wrong pipeline reaches, and which the output check then reports.
+    app.run(count=expected_outputs, timeout=60, collect=False)
+    print(json.dumps({"seconds": time.monotonic() - started, "quixstreams": _quix_version()}), flush=True)
+
+
+def _quix_version() -> str:
+    import quixstreams
+
+    return quixstreams.__version__
+
+
+def run_quix(quix_python: Path, bootstrap: str, source: str, sink: str, expected: Expected) -> dict[str, Any]:
+    if not quix_python.exists():
+        raise FileNotFoundError(
+            f"{quix_python} not found: python3.11 -m venv .venv-quix && .venv-quix/bin/pip install quixstreams"
+        )
+    command = [
+        str(quix_python),
+        str(Path(__file__).resolve()),
+        "--quix-worker",
+        bootstrap,
+        source,
+        sink,
+        str(expected.count),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"quix worker exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Driver
+
+
+def run_variant(result: Result, records: int, body, bootstrap: str, sink: str, expected: Expected) -> Result:
+    print(f"{result.name} ...", flush=True)
+    try:
+        figures = body()
+    except Exception as exc:  # noqa: BLE001 - one broken variant must not hide the others' numbers
+        result.error = f"{type(exc).__name__}: {exc}"
+        print(f"  failed: {result.error[:500]}", flush=True)
+        return result
+    result.seconds = figures.pop("seconds")
+    result.msgs_per_s = records / result.seconds
+    result.extra = figures
+    verify(result, bootstrap, sink, expected)
+    status = "verified" if result.verified else "INVALID"
+    print(
+        f"  {result.msgs_per_s:,.0f} msgs/s ({result.seconds:.2f} s), {result.output_records:,} outputs {status}",
+        flush=True,
+    )
+    return result
+
+
+def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
+    rows = []
+    for top, bottom, target in TARGETS:
+        a, b = results.get(top), results.get(bottom)
+        valid = all(r is not None and r.verified and r.msgs_per_s for r in (a, b))
+        ratio = a.msgs_per_s / b.msgs_per_s if valid else None
+        rows.append(
+            {
+                "ratio": f"({top})/({bottom})",
+                "value": ratio,
+                "target": target,
+                "met": None if ratio is None else ratio >= target,
+            }
+        )
+    return rows
+
+
+def print_report(results: dict[str, Result], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    table = [("variant", "msgs/s", "seconds", "outputs", "check")]
+    for r in results.values():
+        check = "error" if r.verified is None else ("verified" if r.verified else "INVALID")
+        table.append(
+            (
+                r.name,
+                "-" if r.msgs_per_s is None else f"{r.msgs_per_s:,.0f}",
+                "-" if r.seconds is None else f"{r.seconds:.2f}",
+                "-" if r.output_records is None else f"{r.output_records:,}",
+                check,
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    print()
+    for i, row in enumerate(table):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print()
+    for row in rows:
+        value = "-" if row["value"] is None else f"{row['value']:.2f}x"
+        met = "-" if row["met"] is None else ("met" if row["met"] else "NOT met")
+        print(f"  {row['ratio']:<9} {value:>8}   target >= {row['target']:.2f}x   {met}")
+    spark = meta.get("spark_startup_s")
+    if spark is not None:
+        print(
+            f"\nspark start-up, not in (b)/(c): session {spark['session']:.1f} s, "
+            f"warm-up query ({WARMUP_RECORDS:,} records) {spark['warmup']:.1f} s"
+        )
+    for r in results.values():
+        if r.extra:
+            print(f"  {r.name}: {json.dumps(r.extra)}")
+        if r.error:
+            print(f"  {r.name}: {r.error[:500]}")
+    load = meta["loadavg_after"]
+    print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000, help="input records of 100 bytes")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions of the input and output topics")
+    parser.add_argument("--variants", default="a,b,c,d", help="comma list of a,b,c,d")
+    parser.add_argument("--txn-records", type=int, default=10_000, help="(a): input records per transaction")
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=0,
+        help="(b)/(c): maxOffsetsPerTrigger; 0 = AvailableNow reads the backlog in one batch",
+    )
+    parser.add_argument("--quix-python", type=Path, default=DEFAULT_QUIX_PYTHON, help="interpreter for (d)")
+    parser.add_argument("--no-spark-warmup", action="store_true", help="skip the small warm-up query")
+    parser.add_argument("--json", action="store_true", help="also print the results as one JSON object")
+    parser.add_argument(
+        "--quix-worker", nargs=4, metavar=("BOOTSTRAP", "SOURCE", "SINK", "OUTPUTS"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.quix_worker:
+        bootstrap, source, sink, outputs = args.quix_worker
+        run_quix_worker(bootstrap, source, sink, int(outputs))
+        return 0
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants takes a comma list of {', '.join(VARIANTS)}")
+    if args.records <= 0 or args.partitions <= 0 or args.txn_records <= 0:
+        parser.error("--records, --partitions and --txn-records must be positive")
+
+    from sparkeos.broker.embedded import BrokerProcess
+
+    with tempfile.TemporaryDirectory(prefix="sparkeos-pipeline-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "broker").mkdir()
+        with BrokerProcess(workdir / "broker") as broker:
+            return run_all(args, variants, broker.bootstrap_servers, workdir)
+
+
+def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workdir: Path) -> int:
+    print(
+        f"records: {args.records:,} x {VALUE_SIZE} B in {args.partitions} partitions; "
+        f"broker: sparkeos in a child process, data on disk; confluent-kafka {confluent_kafka.version()}, "
+        f"librdkafka {confluent_kafka.libversion()[0]}; {os.cpu_count()} CPUs"
+    )
+    # Broker, Spark's JVM, its Python workers and anything else running share these CPUs.
+    load_before = os.getloadavg()
+    print(f"load average: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+    meta: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "records": args.records,
+        "value_bytes": VALUE_SIZE,
+        "partitions": args.partitions,
+        "txn_records": args.txn_records,
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version(),
+        "librdkafka": confluent_kafka.libversion()[0],
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+    }
+
+    source = create_topic(bootstrap, new_topic_name("input"), args.partitions)
+    started = time.monotonic()
+    expected = produce_input(bootstrap, source, args.records, args.partitions)
+    print(
+        f"input produced in {time.monotonic() - started:.1f} s; {expected.count:,} records pass the filter", flush=True
+    )
+
+    results: dict[str, Result] = {}
+
+    def sink_topic(variant: str) -> str:
+        return create_topic(bootstrap, new_topic_name(f"out-{variant}"), args.partitions)
+
+    if "a" in variants:
+        sink = sink_topic("a")
+        results["a"] = run_variant(
+            Result("a", VARIANTS["a"]),
+            args.records,
+            lambda: run_raw_loop(bootstrap, source, sink, args.txn_records),
+            bootstrap,
+            sink,
+            expected,
+        )
+    spark_variants = [v for v in variants if v in ("b", "c")]
+    if spark_variants:
+        t0 = time.monotonic()
+        spark = spark_session_for_benchmark()
+        spark.sparkContext.setLogLevel("ERROR")
+        session_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        if not args.no_spark_warmup:
+            warm_up_spark(spark, bootstrap, workdir, args.partitions)
+        meta["spark_startup_s"] = {"session": session_s, "warmup": time.monotonic() - t0}
+        meta["pyspark"] = spark.version
+        for variant in spark_variants:
+            guarantee = "exactly_once" if variant == "b" else "at_least_once"
+            sink = sink_topic(variant)
+            checkpoint = str(workdir / f"checkpoint-{variant}")
+            results[variant] = run_variant(
+                Result(variant, VARIANTS[variant]),
+                args.records,
+                lambda g=guarantee, s=sink, c=checkpoint: run_spark_query(
+                    spark, bootstrap, source, s, g, c, args.max_offsets_per_trigger
+                ),
+                bootstrap,
+                sink,
+                expected,
+            )
+        spark.stop()
+    if "d" in variants:
+        sink = sink_topic("d")
+        results["d"] = run_variant(
+            Result("d", VARIANTS["d"]),
+            args.records,
+            lambda: run_quix(args.quix_python, bootstrap, source, sink, expected),
+            bootstrap,
+            sink,
+            expected,
+        )
+
+    meta["loadavg_after"] = os.getloadavg()
+    rows = ratio_rows(results)
+    print_report(results, rows, meta)
+    if args.json:
+        print(json.dumps({"meta": meta, "results": {k: asdict(r) for k, r in results.items()}, "ratios": rows}))
+    invalid = [r.name for r in results.values() if r.verified is False]
+    if invalid:
+        print(f"\nFAILED: wrong committed output from {', '.join(invalid)}", file=sys.stderr)
+    broken = [r.name for r in results.values() if r.verified is None]
+    if broken:
+        print(f"\nFAILED: {', '.join(broken)} did not run to the end", file=sys.stderr)
+    return 1 if invalid or broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
