@@ -130,6 +130,27 @@ def _add_audit_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
 
 
+def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("demo", help="run the seed's ETL job end to end on the embedded broker, then audit it")
+    parser.add_argument("--records", type=_positive, default=200_000, help="input records to produce (200000)")
+    parser.add_argument("--data-dir", type=Path,
+                        help="keep the broker, checkpoint and logs there (default: a temp dir)")
+    parser.add_argument("--crash-every", type=float, metavar="SECONDS",
+                        help="kill -9 the Spark driver this often; the restart strategy brings it back")
+    parser.add_argument("--event-time", action="store_true",
+                        help="20-second windows on event time with a watermark (default: processing time)")
+    parser.add_argument("--partitions", type=_positive, default=2, help="partitions of the input topic (2)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the final report as one JSON object on the last line")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo as demo
+
+    logging.basicConfig(level="WARNING", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return demo(args.records, args.data_dir, args.crash_every, args.event_time, args.json, args.partitions)
+
+
 def run_job(args: argparse.Namespace) -> int:
     from .jobs.runner import Supervisor
     from .jobs.spec import JobError
@@ -172,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_broker_parser(commands)
     _add_run_parser(commands)
     _add_audit_parser(commands)
+    _add_demo_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "broker":
         return run_broker(args)
@@ -179,5 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_job(args)
     if args.command == "audit":
         return run_audit(args)
+    if args.command == "demo":
+        return run_demo(args)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -112,13 +112,14 @@ class Supervisor:
     """Starts the driver, restarts it per the restart strategy, and can kill it (for crash drills)."""
 
     def __init__(self, job_path: str, master: str | None = None, available_now: bool = False,
-                 status_file: Path | None = None, env: dict[str, str] | None = None):
+                 status_file: Path | None = None, env: dict[str, str] | None = None, log_file: Path | None = None):
         self.job_path = job_path
         self.spec = load_job(job_path)
         self.master = master
         self.available_now = available_now
         self.status_file = status_file
         self.env = env
+        self.log_file = log_file
         self.restarts = 0
         self.driver: subprocess.Popen | None = None
 
@@ -140,7 +141,11 @@ class Supervisor:
     def start_driver(self) -> None:
         env = {**os.environ, **(self.env or {}), "PYSPARK_PYTHON": sys.executable}
         # Its own process group: a crash drill kills the driver's JVM and Python workers with it.
-        self.driver = subprocess.Popen(self.command(), env=env, start_new_session=True)
+        output = open(self.log_file, "ab") if self.log_file is not None else None  # noqa: SIM115 - the child owns it
+        self.driver = subprocess.Popen(self.command(), env=env, start_new_session=True, stdout=output,
+                                       stderr=subprocess.STDOUT if output else None)
+        if output is not None:
+            output.close()
         self.write_status("running")
 
     def kill_driver(self) -> None:

@@ -1,0 +1,316 @@
+"""`sparkeos demo`: the seed's ETL job end to end on the embedded broker and local Spark.
+
+Avro `People` records (Confluent wire format, schema in the embedded registry) -> keep 18-character
+ID numbers -> 20-second tumbling windows -> ID numbers to an output topic, exactly once; corrupt
+records go to a dead-letter topic in the same transactions. With --crash-every the Spark driver is
+killed with SIGKILL periodically and the job's restart strategy brings it back from its checkpoint.
+At the end `sparkeos audit` compares the output with the job run in batch mode over the input.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import fastavro
+import yaml
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .broker import BrokerProcess
+
+INPUT_TOPIC = "people"
+OUTPUT_TOPIC = "identify-numbers"
+DEAD_LETTER_TOPIC = "people-dead-letter"
+GROUP = "sparkeos-demo"
+PEOPLE_SCHEMA = {
+    "name": "Message",
+    "namespace": "com.free4lab.databus.collector.model",
+    "type": "record",
+    "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "name", "type": ["string", "null"]},
+        {"name": "identifyNumber", "type": ["string", "null"]},
+    ],
+}
+READER_SCHEMA = {**PEOPLE_SCHEMA, "name": "People"}
+
+
+@dataclass
+class Generated:
+    records: int
+    valid: int           # records the job must deliver (18-character ID numbers)
+    corrupt: int         # records that cannot be decoded (dead-lettered)
+
+
+def confluent_frame(schema_id: int, body: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + body
+
+
+def identify_number(rng: random.Random) -> str | None:
+    roll = rng.random()
+    if roll < 0.05:
+        return None
+    length = 18 if roll < 0.85 else rng.choice([15, 17, 19])
+    return "".join(rng.choice("0123456789") for _ in range(length - 1)) + rng.choice("0123456789X")
+
+
+def corrupt_records(schema_id: int) -> list[bytes]:
+    """One of each kind of bad record the job must dead-letter."""
+    non_utf8 = io.BytesIO()
+    fastavro.schemaless_writer(non_utf8, fastavro.parse_schema(PEOPLE_SCHEMA), {"id": 1, "name": "x" * 3,
+                                                                              "identifyNumber": None})
+    body = bytearray(non_utf8.getvalue())
+    body[-4:-1] = b"\xff\xfe\xfd"  # the name's three bytes: no longer UTF-8
+    return [
+        b"not avro at all",                                   # wrong magic byte
+        confluent_frame(999_999, b"\x02"),                    # unknown schema id
+        confluent_frame(schema_id, b"\x02\x00\x80"),          # truncated body
+        confluent_frame(schema_id, bytes(body)),              # a string that is not UTF-8
+        b"\x00\x00",                                          # header cut short
+    ]
+
+
+def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, late_sentinel: bool) -> Generated:
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    registry = SchemaRegistryClient({"url": registry_url})
+    schema_id = registry.register_schema(f"{INPUT_TOPIC}-value", Schema(json.dumps(PEOPLE_SCHEMA), "AVRO"))
+    parsed = fastavro.parse_schema(PEOPLE_SCHEMA)
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                         "batch.size": 1_000_000, "compression.type": "lz4"})
+    corrupt = corrupt_records(schema_id)
+    corrupt_at = set(rng.sample(range(count), len(corrupt))) if count >= len(corrupt) else set()
+    corrupt_count = len(corrupt_at)
+    valid = 0
+    buffer = io.BytesIO()
+    for i in range(count):
+        if i in corrupt_at:
+            _produce(producer, corrupt.pop(), str(i).encode())
+            continue
+        number = identify_number(rng)
+        valid += number is not None and len(number) == 18
+        buffer.seek(0)
+        buffer.truncate()
+        fastavro.schemaless_writer(buffer, parsed, {"id": i, "name": None if i % 10 == 0 else f"name-{i}",
+                                                    "identifyNumber": number})
+        _produce(producer, confluent_frame(schema_id, buffer.getvalue()), str(i).encode())
+    if late_sentinel:
+        # Event time: a record a minute ahead moves the watermark past every real window; the job
+        # filters it out (no 18-character ID number).
+        buffer.seek(0)
+        buffer.truncate()
+        fastavro.schemaless_writer(buffer, parsed, {"id": -1, "name": "watermark", "identifyNumber": None})
+        producer.produce(INPUT_TOPIC, confluent_frame(schema_id, buffer.getvalue()),
+                         timestamp=int(time.time() * 1000) + 60_000)
+    if producer.flush(60):
+        raise RuntimeError("the demo input was not fully acknowledged")
+    return Generated(count + late_sentinel, valid, corrupt_count)
+
+
+def _produce(producer: Producer, value: bytes, key: bytes) -> None:
+    while True:
+        try:
+            producer.produce(INPUT_TOPIC, value, key)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def create_topics(bootstrap: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [NewTopic(INPUT_TOPIC, partitions), NewTopic(OUTPUT_TOPIC, partitions), NewTopic(DEAD_LETTER_TOPIC, 1)]
+    for future in admin.create_topics(topics).values():
+        future.result(30)
+
+
+def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time: bool) -> dict:
+    window = {"duration": "20 seconds", "time": "processing"}
+    if event_time:
+        window = {"duration": "20 seconds", "time": "event", "watermark": "5 seconds"}
+    return {
+        "name": "people-etl",
+        "source": {"kafka.bootstrap.servers": bootstrap, "subscribe": INPUT_TOPIC, "startingOffsets": "earliest",
+                   "kafka.group.id": GROUP, "maxOffsetsPerTrigger": 60_000},
+        "format": {"type": "avro", "schema": json.dumps(READER_SCHEMA), "registry": registry_url},
+        "transforms": [{"sql": "SELECT * FROM input WHERE length(identifyNumber) = 18"}],
+        "window": window,
+        "output": {"value": "identifyNumber"},
+        "sink": {"topic": OUTPUT_TOPIC, "deliveryGuarantee": "exactly_once",
+                 "options": {"kafka.transaction.timeout.ms": 600_000}},
+        "checkpoint": str(checkpoint),
+        "restart": {"strategy": "fixed-delay", "attempts": 1000, "delay": "1 second"},
+        "bad_records": {"policy": "dead-letter", "topic": DEAD_LETTER_TOPIC},
+    }
+
+
+class Progress:
+    """Lag of the job's source (from the offsets it commits to its group) and records delivered."""
+
+    def __init__(self, bootstrap: str):
+        self.bootstrap = bootstrap
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False,
+                                  "isolation.level": "read_committed"})
+
+    def input_position(self) -> tuple[int, int]:
+        """(records the job has finished, records in the input)."""
+        metadata = self.consumer.list_topics(INPUT_TOPIC, timeout=10).topics[INPUT_TOPIC]
+        partitions = [TopicPartition(INPUT_TOPIC, p) for p in metadata.partitions]
+        committed = self.consumer.committed(partitions, timeout=10)
+        end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions)
+        done = sum(max(tp.offset, 0) for tp in committed)
+        return done, end
+
+    def count(self, topic: str) -> int:
+        return count_committed(self.bootstrap, topic)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def count_committed(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{GROUP}-count", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+    partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
+    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions}
+    consumer.assign(partitions)
+    pending = {p for p, end in ends.items() if end > 0}
+    count = 0
+    deadline = time.monotonic() + 60
+    while pending and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, 0.5):
+            error = message.error()
+            if error is None:
+                count += 1
+            elif error.code() == KafkaError._PARTITION_EOF and message.offset() >= ends[message.partition()]:
+                pending.discard(message.partition())
+    consumer.close()
+    return count
+
+
+def status_table(state: dict) -> Table:
+    table = Table(title="sparkeos demo: people -> 18-character ID numbers, exactly once")
+    for column in ("records in", "input", "lag", "delivered", "dead-lettered", "batches", "restarts", "elapsed"):
+        table.add_column(column, justify="right")
+    table.add_row(*(str(state.get(key, "")) for key in ("done", "input", "lag", "delivered", "dead", "batches",
+                                                        "restarts", "elapsed")))
+    return table
+
+
+def run_demo(records: int, data_dir: Path | None, crash_every: float | None, event_time: bool, as_json: bool,
+             partitions: int = 2, seed: int = 42, timeout_s: float = 900) -> int:
+    from .jobs.runner import Supervisor, read_json
+    from .registry import SchemaRegistryServer
+
+    console = Console(stderr=as_json)
+    workdir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sparkeos-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = BrokerProcess(workdir / "broker").start()
+    registry = None
+    supervisor = None
+    started = time.monotonic()
+    try:
+        bootstrap = broker.bootstrap_servers
+        registry = SchemaRegistryServer(bootstrap).start()
+        create_topics(bootstrap, partitions)
+        generated = produce_people(bootstrap, registry.url, records, seed, late_sentinel=event_time)
+        console.print(f"broker {bootstrap}, schema registry {registry.url}, {generated.records} records produced "
+                      f"({generated.valid} with 18-character ID numbers, {generated.corrupt} corrupt), "
+                      f"workdir {workdir}")
+        job_path = workdir / "job.yaml"
+        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry.url, workdir / "checkpoint", event_time),
+                                           sort_keys=False))
+        status_file = workdir / "status.json"
+        supervisor = Supervisor(str(job_path), master="local[2]", status_file=status_file,
+                                log_file=workdir / "driver.log")
+        supervisor.start_driver()
+        progress = Progress(bootstrap)
+        next_crash = time.monotonic() + crash_every if crash_every else None
+        state: dict = {}
+        with Live(status_table(state), console=console, refresh_per_second=2) as live:
+            while True:
+                time.sleep(1)
+                code = supervisor.driver.poll() if supervisor.driver else None
+                if code is not None:
+                    if not supervisor.restart_allowed():
+                        raise RuntimeError(f"the job's driver failed (exit {code}) and may not restart again")
+                    supervisor.restart()
+                if next_crash is not None and time.monotonic() >= next_crash:
+                    supervisor.kill_driver()
+                    supervisor.restart()
+                    next_crash = time.monotonic() + crash_every
+                done, total = progress.input_position()
+                driver_progress = read_json(supervisor.progress_file)
+                state.update(done=done, input=total, lag=total - done, restarts=supervisor.restarts,
+                             batches=driver_progress.get("last_batch", ""),
+                             elapsed=f"{time.monotonic() - started:.0f} s")
+                if done >= total:
+                    state["delivered"] = progress.count(OUTPUT_TOPIC)
+                    state["dead"] = progress.count(DEAD_LETTER_TOPIC)
+                live.update(status_table(state))
+                if done >= total and state["delivered"] >= generated.valid and state["dead"] >= generated.corrupt:
+                    break
+                if time.monotonic() - started > timeout_s:
+                    console.print("[red]timed out waiting for the job to catch up[/]")
+                    break
+        progress.close()
+        supervisor.stop()
+        report = audit_demo(job_path, bootstrap)
+        summary = {"expected": report.output.expected, "delivered": report.output.delivered,
+                   "missing": report.output.missing, "duplicated": report.output.duplicated,
+                   "unexpected": report.output.unexpected,
+                   "dead_lettered": report.dead_letter.delivered if report.dead_letter else 0,
+                   "restarts": supervisor.restarts, "seconds": round(time.monotonic() - started, 1)}
+        exact = (report.exact and summary["expected"] == generated.valid
+                 and summary["dead_lettered"] == generated.corrupt)
+        summary["exact"] = exact
+        console.print(final_table(summary))
+        if as_json:
+            print(json.dumps(summary), flush=True)
+        return 0 if exact else 1
+    finally:
+        if supervisor is not None:
+            supervisor.kill_driver()
+        if registry is not None:
+            registry.stop()
+        broker.stop()
+
+
+def audit_demo(job_path: Path, bootstrap: str):
+    import sparkeos.spark
+
+    from .jobs.audit import audit
+    from .jobs.spec import load_job
+
+    spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config={"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        return audit(spark, load_job(job_path), bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, DEAD_LETTER_TOPIC)
+    finally:
+        spark.stop()
+
+
+def final_table(summary: dict) -> Table:
+    table = Table(title="sparkeos demo: audit (read_committed, independent of the job)")
+    for column in ("expected", "delivered", "missing", "duplicated", "dead-lettered", "restarts", "result"):
+        table.add_column(column, justify="right")
+    result = "[green]exact[/]" if summary["exact"] else "[red]NOT exact[/]"
+    table.add_row(*(str(summary[k]) for k in ("expected", "delivered", "missing", "duplicated", "dead_lettered",
+                                               "restarts")), result)
+    return table
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_demo(2000, None, None, False, False))

@@ -1,0 +1,223 @@
+"""Job files (`sparkeos run`), bad-record policies, and `sparkeos audit` — which must be able to fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spark_support import create_topic, produce, read_committed, unique
+from sparkeos.jobs.audit import audit
+from sparkeos.jobs.pipeline import build
+from sparkeos.jobs.runner import start_query
+from sparkeos.jobs.spec import JobError, load_job, parse_job
+
+SCHEMA = "id INT, name STRING, identifyNumber STRING"
+
+
+def job(bootstrap: str, input_topic: str, output_topic: str, checkpoint_dir: str, **changes) -> dict:
+    document = {
+        "name": "people",
+        "source": {"kafka.bootstrap.servers": bootstrap, "subscribe": input_topic, "startingOffsets": "earliest"},
+        "format": {"type": "json", "schema": SCHEMA},
+        "transforms": [{"sql": "SELECT * FROM input WHERE length(identifyNumber) = 18"}],
+        "output": {"value": "identifyNumber"},
+        "sink": {"topic": output_topic},
+        "checkpoint": checkpoint_dir,
+    }
+    document.update(changes)
+    return document
+
+
+def people(count: int) -> list[str]:
+    return [json.dumps({"id": i, "name": f"n{i}", "identifyNumber": f"{i:018d}" if i % 4 else f"{i:017d}"})
+            for i in range(count)]
+
+
+def expected_numbers(count: int) -> Counter:
+    return Counter(f"{i:018d}".encode() for i in range(count) if i % 4)
+
+
+BAD = ["{broken json", b"\xff\xfe\xfd"]
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"sourc": {}}, "sourc: unknown field"),
+        ({"source": None}, "source: is required"),
+        ({"source": {"kafka.bootstrap.servers": "b"}}, "source: exactly one of 'subscribe'"),
+        ({"source": {"kafka.bootstrap.servers": "b", "subscribe": "t", "startingOfsets": "x"}},
+         "did you mean 'startingOffsets'"),
+        ({"format": {"type": "xml"}}, "format.type: must be one of string, json, avro"),
+        ({"format": {"type": "json"}}, "format.schema: is required for type json"),
+        ({"format": {"type": "avro", "schema": "missing.avsc", "registry": "http://r"}}, "format.schema: cannot read"),
+        ({"format": {"type": "avro", "schema": '{"type": "record"}', "registry": "http://r"}},
+         "format.schema: is not a valid Avro schema"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}'}}, "format.registry: is required"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}', "registry": "r:8081"}},
+         "format.registry: must be an http(s) URL"),
+        ({"transforms": {"sql": "x"}}, "transforms: must be a list"),
+        ({"transforms": [{"sql": "x", "python": "m:f"}]}, "transforms[0]: needs exactly one of sql or python"),
+        ({"transforms": [{"python": "not a function"}]}, "transforms[0].python: must be module:function"),
+        ({"transforms": [{"lua": "x"}]}, "transforms[0].lua: unknown field"),
+        ({"window": {"time": "event"}}, "window.duration: is required"),
+        ({"window": {"duration": "soon"}}, "window.duration: must be a duration"),
+        ({"window": {"duration": "20 s", "time": "event"}}, "window.watermark: is required for event-time"),
+        ({"window": {"duration": "20 s", "watermark": "5 s"}}, "window: watermark and column apply to event-time"),
+        ({"window": {"duration": "20 s"}, "trigger": "5 s"}, "trigger: a processing-time window is one micro-batch"),
+        ({"sink": {"format": "delta"}}, "sink.format: must be sparkeos.kafka or one of"),
+        ({"sink": {"deliveryGuarantee": "twice", "topic": "t"}}, "sink: option 'deliveryGuarantee' must be one of"),
+        ({"sink": {"format": "parquet"}}, "sink.path: is required"),
+        ({"sink": {"format": "parquet", "path": "/x", "topic": "t"}}, "topic and deliveryGuarantee apply to Kafka"),
+        ({"sink": {}}, "sink: is required"),
+        ({"checkpoint": None}, "checkpoint: is required"),
+        ({"restart": {"strategy": "exponential"}}, "restart.strategy: must be one of fixed-delay, none"),
+        ({"restart": {"attempts": -1}}, "restart.attempts: must be at least 0"),
+        ({"bad_records": {"policy": "ignore"}}, "bad_records.policy: must be one of fail, skip, dead-letter"),
+        ({"bad_records": {"policy": "dead-letter"}}, "bad_records.topic: is required for the dead-letter policy"),
+        ({"bad_records": {"policy": "skip", "topic": "dlq"}}, "bad_records.topic: only applies to the dead-letter"),
+        ({"bad_records": {"policy": "dead-letter", "topic": "d"}, "sink": {"format": "json", "path": "/x"}},
+         "dead-letter needs a sparkeos.kafka sink"),
+    ],
+)
+def test_job_file_errors_name_the_field(tmp_path, change, named):
+    document = {k: v for k, v in job("127.0.0.1:9092", "in", "out", "/tmp/ck", **change).items() if v is not None}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(JobError) as raised:
+        load_job(path)
+    assert named in str(raised.value)
+    assert str(path) in str(raised.value)
+
+
+def test_job_file_that_is_not_yaml_or_missing(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("source: [unclosed")
+    with pytest.raises(JobError, match="not valid YAML"):
+        load_job(path)
+    with pytest.raises(JobError, match="no such job file"):
+        load_job(tmp_path / "missing.yaml")
+
+
+def test_avro_schema_file_is_read_relative_to_the_job(tmp_path):
+    (tmp_path / "people.avsc").write_text(json.dumps({"type": "record", "name": "P",
+                                                      "fields": [{"name": "id", "type": "int"}]}))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job("b:1", "in", "out", "/ck",
+                                       format={"type": "avro", "schema": "people.avsc", "registry": "http://r:1"})))
+    assert json.loads(load_job(path).format.schema)["name"] == "P"
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_available_now(spark, spec) -> None:
+    query = start_query(spark, spec, build(spark, spec).output, available_now=True)
+    query.awaitTermination(180)
+    error = query.exception()
+    if error is not None:
+        raise error
+
+
+def test_dead_letter_policy_writes_original_bytes_with_headers(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), 2)
+    sink, dead = create_topic(bootstrap, unique("out")), create_topic(bootstrap, unique("dlq"))
+    produce(bootstrap, source, people(200) + BAD)
+    spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck"), window={"duration": "2 seconds"},
+                         bad_records={"policy": "dead-letter", "topic": dead}))
+    run_available_now(spark, spec)
+    assert Counter(read_committed(bootstrap, sink)) == expected_numbers(200)
+    letters = read_committed(bootstrap, dead, with_meta=True)
+    assert sorted(value for _, _, _, value, _ in letters) == sorted(v if isinstance(v, bytes) else v.encode()
+                                                                    for v in BAD)
+    for _partition, _offset, _key, _value, headers in letters:
+        named = dict(headers)
+        assert named["sparkeos.source.topic"] == source.encode()
+        assert named["sparkeos.error"] in (b"value is not valid JSON", b"value is not valid UTF-8")
+        assert int(named["sparkeos.source.offset"]) >= 0
+    report = audit(spark, spec, bootstrap, source, sink)
+    assert report.exact and report.dead_letter is not None and report.dead_letter.delivered == 2
+
+
+def test_skip_policy_drops_bad_records_and_fail_policy_stops_the_job(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, people(100) + BAD)
+    skip = parse_job(job(bootstrap, source, sink, str(tmp_path / "skip"), bad_records={"policy": "skip"}))
+    run_available_now(spark, skip)
+    assert Counter(read_committed(bootstrap, sink)) == expected_numbers(100)
+    failing_sink = create_topic(bootstrap, unique("out"))
+    fail = parse_job(job(bootstrap, source, failing_sink, str(tmp_path / "fail"), bad_records={"policy": "fail"}))
+    with pytest.raises(Exception, match=f"bad record at {source}-0 offset 10[01]: value is not valid"):
+        run_available_now(spark, fail)
+
+
+def test_python_transform_and_string_format(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, ["alpha", "beta", "gamma"])
+    module = tmp_path / "my_transforms.py"
+    module.write_text("from pyspark.sql import functions as F\n\n"
+                      "def shout(frame):\n    return frame.select(F.upper('value').alias('value'))\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck"), format={"type": "string"},
+                             transforms=[{"python": "my_transforms:shout"}], output={"value": "value || '!'"}))
+        run_available_now(spark, spec)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert sorted(read_committed(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
+
+
+def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, people(40))
+    spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck")))
+    right = sorted(expected_numbers(40).elements())
+    produce(bootstrap, sink, right)
+    assert audit(spark, spec, bootstrap, source, sink).exact
+    wrong_sink = create_topic(bootstrap, unique("wrong"))
+    produce(bootstrap, wrong_sink, right[1:] + [right[2], b"not-an-id-number"])
+    report = audit(spark, spec, bootstrap, source, wrong_sink)
+    assert (report.output.missing, report.output.duplicated, report.output.unexpected) == (1, 1, 1)
+    assert not report.exact
+    assert set(report.output.samples) == {"missing", "duplicated", "unexpected"}
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(yaml.safe_dump(job(bootstrap, source, sink, str(tmp_path / "ck"))))
+    command = [sys.executable, "-m", "sparkeos", "audit", str(job_path), "--bootstrap-servers", bootstrap,
+               "--input", source, "--output", wrong_sink, "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1, result.stderr[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (summary["missing"], summary["duplicated"], summary["unexpected"]) == (1, 1, 1)
+
+
+def test_run_gives_up_after_the_restart_strategy_is_exhausted(broker, tmp_path):
+    """A driver that always fails (its Python transform does not exist) is restarted `attempts` times."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(yaml.safe_dump(job(bootstrap, source, sink, str(tmp_path / "ck"),
+                                           transforms=[{"python": "no_such_module_here:f"}],
+                                           restart={"attempts": 1, "delay": "100 ms"})))
+    status = tmp_path / "status.json"
+    result = subprocess.run([sys.executable, "-m", "sparkeos", "run", str(job_path), "--master", "local[1]",
+                             "--status-file", str(status)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 1
+    assert "allows no more restarts (1)" in result.stderr
+    assert json.loads(Path(status).read_text())["restarts"] == 1
