@@ -282,10 +282,12 @@ def test_assign_reads_only_the_listed_partitions(spark, broker, tmp_path):
 # --- where reading starts and ends ----------------------------------------------------------------
 
 
-def test_starting_offsets_latest_earliest_and_per_partition_json(spark, broker, tmp_path):
+def test_starting_offsets_latest_and_per_partition_json(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("start"), partitions=2)
+    other = create_topic(bootstrap, unique("start"), partitions=2)
     fill(bootstrap, topic, 2, 10)
+    fill(bootstrap, other, 2, 10)
 
     query, collected = start_stream(spark, bootstrap, tmp_path / "latest", {"subscribe": topic})  # default latest
     try:
@@ -297,17 +299,16 @@ def test_starting_offsets_latest_earliest_and_per_partition_json(spark, broker, 
     finally:
         query.stop()
 
-    stream, _ = run_available_now(spark, bootstrap, tmp_path / "earliest", subscribe=topic, startingOffsets="earliest")
-    assert placed(stream.rows) == offsets(topic, {0: range(11), 1: range(11)})
-
+    # -2 earliest, -1 latest (streams only, as in Spark) and exact offsets, one query over two topics
+    starting = json.dumps({topic: {"0": -2, "1": 7}, other: {"0": -1, "1": 3}})
+    stream, _ = run_available_now(
+        spark, bootstrap, tmp_path / "json", subscribe=f"{topic},{other}", startingOffsets=starting
+    )
+    assert placed(stream.rows) == offsets(topic, {0: range(11), 1: range(7, 11)}) | offsets(other, {1: range(3, 10)})
     starting = json.dumps({topic: {"0": -2, "1": 7}})
-    expected = offsets(topic, {0: range(11), 1: range(7, 11)})
-    stream, _ = run_available_now(spark, bootstrap, tmp_path / "json", subscribe=topic, startingOffsets=starting)
-    assert placed(stream.rows) == expected
-    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == expected
-    starting = json.dumps({topic: {"0": -1, "1": 3}})  # -1 (latest) is for streams only, as in Spark
-    stream, _ = run_available_now(spark, bootstrap, tmp_path / "json-latest", subscribe=topic, startingOffsets=starting)
-    assert placed(stream.rows) == offsets(topic, {1: range(3, 11)})
+    assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == offsets(
+        topic, {0: range(11), 1: range(7, 11)}
+    )
 
 
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
