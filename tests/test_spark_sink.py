@@ -217,3 +217,19 @@ def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path, failp
     expected = Counter(str(i).encode() for i in range(300))
     assert Counter(read_committed(bootstrap, sink + "-batch")) == expected
     assert Counter(read_committed(bootstrap, sink + "-stream")) == expected
+
+
+def test_unreachable_broker_is_a_clear_error_after_a_bounded_wait(spark, broker, tmp_path):
+    import time
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    produce(bootstrap, source, ["a"])
+    started = time.monotonic()
+    query = (stream_of(spark, bootstrap, source).select("value").writeStream.format("sparkeos.kafka")
+             .option("kafka.bootstrap.servers", "127.0.0.1:1").option("topic", "out")
+             .option("kafka.default.api.timeout.ms", "3000")
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    with pytest.raises(Exception, match=r"kafka.bootstrap.servers=127.0.0.1:1 did not answer"):
+        query.awaitTermination(120)
+    assert time.monotonic() - started < 60

@@ -103,6 +103,7 @@ class SinkOptions:
     transactional_id_prefix: str | None = None
     marker_topic: str = DEFAULT_MARKER_TOPIC
     transaction_timeout_ms: int = 60_000
+    api_timeout_ms: int = 30_000
     kafka: dict[str, str] = field(default_factory=dict)
 
     def producer_config(self) -> dict[str, str]:
@@ -407,6 +408,8 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         raise OptionError(
             f"option 'transactionalIdPrefix' only applies to deliveryGuarantee=exactly_once, not {guarantee}"
         )
+    api_timeout_ms = options.integer("kafka.default.api.timeout.ms", 30_000, minimum=1)
+    kafka.pop("default.api.timeout.ms", None)
     timeout = kafka.pop("transaction.timeout.ms", "60000")
     try:
         timeout_ms = int(timeout)
@@ -425,5 +428,6 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         transactional_id_prefix=prefix.strip() if prefix else None,
         marker_topic=(options.get("commitMarkerTopic") or DEFAULT_MARKER_TOPIC).strip(),
         transaction_timeout_ms=timeout_ms,
+        api_timeout_ms=api_timeout_ms,
         kafka=kafka,
     )

@@ -104,7 +104,7 @@ def prepare_exactly_once(options: SinkOptions) -> int:
     key = (options.bootstrap_servers, options.transaction_timeout_ms, options.marker_topic)
     if key in _prepared:
         return _prepared[key]
-    cluster = KafkaCluster(options.producer_config())
+    cluster = KafkaCluster(options.producer_config(), timeout_s=options.api_timeout_ms / 1000)
     maximum = cluster.broker_config("transaction.max.timeout.ms")
     if maximum is not None and options.transaction_timeout_ms > int(maximum):
         raise ValueError(
