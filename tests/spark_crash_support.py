@@ -1,0 +1,332 @@
+"""Helpers for the Spark crash tests: driver processes killed like real crashes, a live input feeder, and
+readers of the query's checkpoint.
+
+A Spark driver is a process tree: the Python driver, its JVM (a child of the Python process), and Python
+daemons and workers that the JVM forks; pyspark's daemon moves itself into a process group of its own. A
+crash kills all of them at once, so `kill_tree` snapshots the tree first and then SIGKILLs every process
+group in it. Every process of one test run carries the environment variable `SPARKEOS_CRASH_TAG`, so
+`tagged_processes` can prove that nothing survived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from spark_support import unique
+
+JOB = Path(__file__).with_name("spark_pipeline_job.py")
+TAG_VARIABLE = "SPARKEOS_CRASH_TAG"
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def _process_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, state) of every live process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # The command name in parentheses may contain spaces: the fields after it are fixed.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _group, _state) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def process_tree(pid: int) -> tuple[list[int], set[int]]:
+    """`pid` and its descendants, and their process groups (never the test's own group)."""
+    table = _process_table()
+    pids = [pid, *descendants(pid)]
+    return pids, {table[p][1] for p in pids if p in table} - {os.getpgrp()}
+
+
+def kill_processes(pids: list[int], groups: set[int]) -> None:
+    """SIGKILL whole process groups (members forked since they were listed included), then the listed pids."""
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for target in pids:  # processes that share the test's own group are killed one by one
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL `pid` and every descendant, all process groups among them included; return the pids."""
+    pids, groups = process_tree(pid)
+    kill_processes(pids, groups)
+    return pids
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries this run's tag."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    alive = []
+    for pid, (_parent, _group, state) in _process_table().items():
+        if state in ("Z", "X"):
+            continue
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environment.split(b"\0"):
+            alive.append(pid)
+    return alive
+
+
+def wait_until_no_tagged_processes(tag: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes survived the kill: {[command_line(p) for p in left]}"
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+class Driver:
+    """One run of tests/spark_pipeline_job.py, in a session of its own, output in log files."""
+
+    def __init__(self, log_dir: Path, tag: str, args: list[str]):
+        self.log_dir = log_dir
+        self.tag = tag
+        self.args = args
+        self.process: subprocess.Popen | None = None
+        self.stdout_path: Path | None = None
+        self.started_at = 0.0
+
+    def start(self, run: int) -> Driver:
+        self.stdout_path = self.log_dir / f"driver-{run}.out"
+        environment = {**os.environ, TAG_VARIABLE: self.tag, "PYSPARK_PYTHON": sys.executable}
+        with open(self.stdout_path, "w") as stdout, open(self.log_dir / f"driver-{run}.err", "w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, str(JOB), *self.args],
+                stdout=stdout,
+                stderr=stderr,
+                env=environment,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+        return self
+
+    def output(self) -> str:
+        return self.stdout_path.read_text() if self.stdout_path and self.stdout_path.exists() else ""
+
+    def wait_running(self, timeout_s: float) -> float:
+        """Seconds until the driver printed that its query runs."""
+        from spark_pipeline_job import RUNNING_PREFIX
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if RUNNING_PREFIX in self.output():
+                return time.monotonic() - self.started_at
+            if self.process.poll() is not None:
+                raise AssertionError(f"driver exited with {self.process.returncode}:\n{self.error_tail()}")
+            time.sleep(0.1)
+        raise AssertionError(f"driver did not start its query in {timeout_s} s:\n{self.error_tail()}")
+
+    def error_tail(self, lines: int = 40) -> str:
+        path = Path(str(self.stdout_path).replace(".out", ".err"))
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """A driver crash: every process of the driver dies at once, without running any shutdown code."""
+        if self.process is None:
+            return
+        kill_tree(self.process.pid)
+        self.process.wait(30)
+        wait_until_no_tagged_processes(self.tag)
+
+
+# --- input --------------------------------------------------------------------------------------
+
+
+class InputFeeder(threading.Thread):
+    """Appends numbered records to a topic until stopped: plain idempotent batches, committed transactions
+    and aborted transactions. Every number is used once; `committed` holds the ones that became visible."""
+
+    def __init__(self, bootstrap: str, topic: str, seed: int, pause_s: float = 0.1, chunk: tuple[int, int] = (5, 30)):
+        super().__init__(name="input-feeder", daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.random = random.Random(seed)
+        self.pause_s, self.chunk = pause_s, chunk
+        self.stop_requested = threading.Event()
+        self.committed: list[int] = []
+        self.aborted: list[int] = []
+        self.transactions = Counter()
+        self.failure: BaseException | None = None
+        self.next_number = 0
+
+    def run(self) -> None:
+        try:
+            self._feed()
+        except BaseException as exc:  # reported by stop()
+            self.failure = exc
+
+    def _feed(self) -> None:
+        plain = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        transactional = Producer(
+            {"bootstrap.servers": self.bootstrap, "transactional.id": unique("feeder"), "linger.ms": 5}
+        )
+        transactional.init_transactions(30)
+        while not self.stop_requested.is_set():
+            kind = self.random.choices(["plain", "commit", "abort"], weights=[5, 3, 2])[0]
+            numbers = self._numbers(self.random.randint(*self.chunk), visible_if_leaked=kind == "abort")
+            if kind == "plain":
+                for number in numbers:
+                    plain.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
+                assert plain.flush(30) == 0, "plain records were not acknowledged"
+                self.committed.extend(numbers)
+            else:
+                transactional.begin_transaction()
+                for number in numbers:
+                    transactional.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
+                if kind == "commit":
+                    transactional.commit_transaction(30)
+                    self.committed.extend(numbers)
+                else:
+                    transactional.flush(30)
+                    transactional.abort_transaction(30)
+                    self.aborted.extend(numbers)
+            self.transactions[kind] += 1
+            time.sleep(self.random.uniform(0, 2 * self.pause_s))
+        plain.flush(30)
+        transactional.flush(30)
+
+    def _numbers(self, count: int, visible_if_leaked: bool) -> list[int]:
+        numbers = []
+        while len(numbers) < count:
+            number = self.next_number
+            self.next_number += 1
+            # An aborted record must pass the filter if it ever leaked, or the test could not see the leak.
+            if visible_if_leaked and number % 7 == 0:
+                continue
+            numbers.append(number)
+        return numbers
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+        self.join(60)
+        assert not self.is_alive(), "the input feeder did not stop"
+        if self.failure is not None:
+            raise AssertionError(f"the input feeder failed: {self.failure!r}") from self.failure
+
+
+def expected_output(numbers: list[int]) -> Counter:
+    """The stateless job's output for these inputs: numbers not divisible by 7, with '!' appended."""
+    return Counter(f"{n}!".encode() for n in numbers if n % 7 != 0)
+
+
+# --- topics and checkpoint ----------------------------------------------------------------------
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int, read_committed: bool) -> dict[int, int]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("ends"),
+            "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+        }
+    )
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def wait_until_stable(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.0) -> dict[int, int]:
+    """Wait until no transaction is open on `topic` (last stable offset == high watermark everywhere)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        high = end_offsets(bootstrap, topic, partitions, read_committed=False)
+        stable = end_offsets(bootstrap, topic, partitions, read_committed=True)
+        if stable == high:
+            return high
+        assert time.monotonic() < deadline, f"{topic} has transactions open for {timeout_s} s: {stable} < {high}"
+        time.sleep(0.5)
+
+
+def _log_ids(directory: Path) -> list[int]:
+    if not directory.exists():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def planned_batches(checkpoint: Path) -> list[int]:
+    """Batches Spark wrote to its offset log (planned; maybe running)."""
+    return _log_ids(checkpoint / "offsets")
+
+
+def committed_batches(checkpoint: Path) -> list[int]:
+    """Batches Spark recorded as finished in its commit log."""
+    return _log_ids(checkpoint / "commits")
+
+
+def batch_in_flight(checkpoint: Path) -> int | None:
+    """The batch that was planned but not yet committed, if any: killing now kills it mid-batch."""
+    planned, committed = planned_batches(checkpoint), committed_batches(checkpoint)
+    if planned and (not committed or planned[-1] > committed[-1]):
+        return planned[-1]
+    return None
+
+
+def batch_end_offsets(checkpoint: Path, batch: int) -> dict[str, dict[str, int]]:
+    """The source end offsets Spark planned for `batch` (its offset log entry: version, metadata, offsets)."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    return json.loads(lines[2])
+
+
+def caught_up(checkpoint: Path, topic: str, ends: dict[int, int]) -> bool:
+    """True once Spark committed a batch that ends at `ends`, i.e. the query consumed all of the input."""
+    committed = committed_batches(checkpoint)
+    if not committed:
+        return False
+    planned = batch_end_offsets(checkpoint, committed[-1]).get(topic, {})
+    return {int(p): o for p, o in planned.items()} == ends
