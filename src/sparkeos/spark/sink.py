@@ -156,16 +156,30 @@ class _Rows:
         self.default_topic = default_topic
 
     def produce_all(self, producer: Producer, on_delivery=None) -> None:
-        simple = self.topics is None and self.partitions is None and self.headers is None
         keys = self.keys or [None] * self.count
+        if self.topics is None and self.partitions is None and self.headers is None:
+            self._produce_simple(producer, keys, on_delivery)
+            return
         for i in range(self.count):
-            if simple:
-                args = {"topic": self.default_topic, "value": self.values[i], "key": keys[i]}
-            else:
-                args = self._row(i, keys[i])
+            args = self._row(i, keys[i])
             if on_delivery is not None:
                 args["on_delivery"] = on_delivery
             _produce(producer, args)
+
+    def _produce_simple(self, producer: Producer, keys: list, on_delivery) -> None:
+        """Value, key and the sink's topic: positional arguments, no dict per record (the sink's hot loop)."""
+        topic, produce = self.default_topic, producer.produce
+        for value, key in zip(self.values, keys, strict=True):
+            try:
+                if on_delivery is None:
+                    produce(topic, value, key)
+                else:
+                    produce(topic, value, key, on_delivery=on_delivery)
+            except BufferError:
+                args = {"topic": topic, "value": value, "key": key}
+                if on_delivery is not None:
+                    args["on_delivery"] = on_delivery
+                _produce(producer, args)
 
     def _row(self, i: int, key) -> dict:
         topic = self.topics[i] if self.topics is not None and self.topics[i] is not None else self.default_topic
