@@ -52,7 +52,8 @@ def spark_config(master: str, ui_port: int = 0) -> dict[str, str]:
         "spark.default.parallelism": "2",
         "spark.driver.memory": "1g",
         "spark.python.worker.reuse": "true",
-        # Python workers start slowly on a loaded machine; the default 15 s ends the query, not the test's kill.
+        # Python workers start slowly on a loaded machine: give daemon workers 120 s instead of 15 s to connect back.
+        # (The streaming source runner's own wait is fixed inside Spark; under extreme load it can still time out.)
         "spark.python.authenticate.socketTimeout": "120s",
         # Executors must run this interpreter too, wherever they are: it is the one with sparkeos installed.
         "spark.pyspark.python": sys.executable,

