@@ -43,7 +43,8 @@ PEOPLE_SCHEMA = {
         {"name": "identifyNumber", "type": ["string", "null"]},
     ],
 }
-READER_SCHEMA = {**PEOPLE_SCHEMA, "name": "People"}
+READER_SCHEMA = PEOPLE_SCHEMA  # the seed reads with the writer's schema; resolution needs the same record name
+STALL_S = 60  # caught up, yet the output stopped growing short of what is expected: audit what is there
 
 
 @dataclass
@@ -239,6 +240,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         progress = Progress(bootstrap)
         next_crash = time.monotonic() + crash_every if crash_every else None
         state: dict = {}
+        last_counts, last_change = None, time.monotonic()
         with Live(status_table(state), console=console, refresh_per_second=2) as live:
             while True:
                 time.sleep(1)
@@ -261,6 +263,12 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                     state["dead"] = progress.count(DEAD_LETTER_TOPIC)
                 live.update(status_table(state))
                 if done >= total and state["delivered"] >= generated.valid and state["dead"] >= generated.corrupt:
+                    break
+                counts = (done, state.get("delivered"), state.get("dead"))
+                if counts != last_counts:
+                    last_counts, last_change = counts, time.monotonic()
+                elif done >= total and time.monotonic() - last_change > STALL_S:
+                    console.print(f"[red]the output stopped growing for {STALL_S} s short of what is expected[/]")
                     break
                 if time.monotonic() - started > timeout_s:
                     console.print("[red]timed out waiting for the job to catch up[/]")
