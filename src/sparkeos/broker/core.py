@@ -150,9 +150,14 @@ class Broker:
     async def sync_markers(self, partitions: list[tuple[str, int]]) -> None:
         for topic, index in partitions:
             partition_log = self.store.partition(topic, index)
-            if partition_log is not None:
+            if partition_log is None:
+                continue
+            try:
                 # Whatever --fsync says: the Complete record must never reach the disk before a marker.
                 await self.make_durable(partition_log, always=True)
+            except OSError:
+                if self.store.partition(topic, index) is partition_log:
+                    raise  # a real I/O error; a topic deleted under the fsync needs no marker
 
     def complete_group_offsets(self, group: str, producer_id: int, commit: bool) -> None:
         self.groups.complete_transaction(group, producer_id, commit)
