@@ -740,3 +740,13 @@ def test_unreachable_broker_is_a_clear_error_within_the_api_timeout(spark, tmp_p
     message = failure_of_stream(spark, "127.0.0.1:1", tmp_path / "ck", **options)
     assert "kafka.bootstrap.servers=127.0.0.1:1" in message
     assert time.monotonic() - started < 40
+
+
+def test_batch_read_of_an_empty_topic_is_empty(spark, broker):
+    """Spark gives a batch read without offset ranges one placeholder partition; it must read nothing."""
+    from spark_support import create_topic, unique
+
+    topic = create_topic(broker.bootstrap_servers, unique("empty"), partitions=2)
+    frame = (spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", broker.bootstrap_servers)
+             .option("subscribe", topic).load())
+    assert frame.count() == 0

@@ -463,9 +463,10 @@ class _ArrowBuilder:
         return batch
 
 
-def read_range(options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
+def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.RecordBatch]:
     """Yield the visible records of offsets [start, end) of one partition, then stop."""
-    if task.start >= task.end:
+    # A batch read with nothing to read gets one placeholder partition, InputPartition(None), from Spark.
+    if not isinstance(task, KafkaRange) or task.start >= task.end:
         return
     consumer = _cached_consumer(options.consumer_config())
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
