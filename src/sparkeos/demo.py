@@ -202,6 +202,12 @@ def count_committed(bootstrap: str, topic: str) -> int:
     return count
 
 
+def committed_batches(checkpoint: Path) -> int:
+    """Batches in Spark's commit log."""
+    commits = checkpoint / "commits"
+    return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
+
+
 def status_table(state: dict) -> Table:
     table = Table(title="sparkeos demo: people -> 18-character ID numbers, exactly once")
     for column in ("records in", "input", "lag", "delivered", "dead-lettered", "batches", "restarts", "elapsed"):
@@ -240,6 +246,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         supervisor.start_driver()
         progress = Progress(bootstrap)
         next_crash = time.monotonic() + crash_every if crash_every else None
+        batches_at_start = committed_batches(workdir / "checkpoint")
         state: dict = {}
         last_counts, last_change = None, time.monotonic()
         with Live(status_table(state), console=console, refresh_per_second=2) as live:
@@ -250,10 +257,14 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                     if not supervisor.restart_allowed():
                         raise RuntimeError(f"the job's driver failed (exit {code}) and may not restart again")
                     supervisor.restart()
-                if next_crash is not None and time.monotonic() >= next_crash:
+                # Kill only once this driver has committed a batch of its own: a drill that kills faster
+                # than a driver can start and finish a batch would just starve the job.
+                if (next_crash is not None and time.monotonic() >= next_crash
+                        and committed_batches(workdir / "checkpoint") > batches_at_start):
                     supervisor.kill_driver()
                     supervisor.restart()
-                    next_crash = time.monotonic() + crash_every
+                    batches_at_start = committed_batches(workdir / "checkpoint")
+                    next_crash = time.monotonic() + crash_every * random.uniform(0.5, 1.0)
                 done, total = progress.input_position()
                 driver_progress = read_json(supervisor.progress_file)
                 state.update(done=done, input=total, lag=total - done, restarts=supervisor.restarts,
