@@ -221,3 +221,40 @@ def test_run_gives_up_after_the_restart_strategy_is_exhausted(broker, tmp_path):
     assert result.returncode == 1
     assert "allows no more restarts (1)" in result.stderr
     assert json.loads(Path(status).read_text())["restarts"] == 1
+
+
+def test_avro_job_skip_and_fail_policies_on_corrupt_body_unknown_id_and_bad_utf8(spark, tmp_path):
+    """The demo's record kinds through a job file: Confluent Avro read via the embedded registry."""
+    from sparkeos.broker import EmbeddedBroker
+    from sparkeos.demo import PEOPLE_SCHEMA, corrupt_records, produce_people
+
+    with EmbeddedBroker(tmp_path / "broker", schema_registry_port=0) as broker:
+        bootstrap, registry = broker.bootstrap_servers, broker.schema_registry_url
+        create_topic(bootstrap, "people", 2)
+        generated = produce_people(bootstrap, registry, 300, seed=7, late_sentinel=False)
+        assert generated.corrupt == len(corrupt_records(1)) == 5
+        avro = {"type": "avro", "schema": json.dumps(PEOPLE_SCHEMA), "registry": registry}
+        sink = create_topic(bootstrap, unique("out"))
+        skip = parse_job(job(bootstrap, "people", sink, str(tmp_path / "skip"), format=avro,
+                             bad_records={"policy": "skip"}))
+        run_available_now(spark, skip)
+        delivered = read_committed(bootstrap, sink)
+        assert len(delivered) == generated.valid and all(len(v) == 18 for v in delivered)
+        assert audit(spark, skip, bootstrap, "people", sink).exact
+        fail = parse_job(job(bootstrap, "people", create_topic(bootstrap, unique("out")), str(tmp_path / "fail"),
+                             format=avro, bad_records={"policy": "fail"}))
+        with pytest.raises(Exception, match=r"bad record at people-\d offset \d+: (bad magic byte|unknown schema id"
+                                            r"|corrupt Avro body|invalid UTF-8|value of)"):
+            run_available_now(spark, fail)
+
+
+def test_file_sink_job_writes_the_transformed_rows(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    produce(bootstrap, source, people(60))
+    spec = parse_job(job(bootstrap, source, "unused", str(tmp_path / "ck"),
+                         sink={"format": "json", "path": str(tmp_path / "out")}, output=None))
+    run_available_now(spark, spec)
+    written = spark.read.json(str(tmp_path / "out"))
+    assert sorted(r["identifyNumber"] for r in written.collect()) == sorted(
+        v.decode() for v in expected_numbers(60).elements())
