@@ -318,8 +318,9 @@ class _TransactionalWriter:
             records += rows.count
         # The marker record goes last, so it holds back the marker partition's LSO only for the commit.
         marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id}
-        self.producer.produce(self.marker.topic, key=self.transactional_id.encode(), value=json.dumps(marker).encode(),
-                              partition=self.marker.partition)
+        # The data may have filled the producer's queue: wait for room, as for the records themselves.
+        _produce(self.producer, {"topic": self.marker.topic, "key": self.transactional_id.encode(),
+                                 "value": json.dumps(marker).encode(), "partition": self.marker.partition})
         failpoints.fire("sink.before_commit")
         self.producer.commit_transaction(self.timeout_s)
         return records
