@@ -724,12 +724,21 @@ def test_bad_options_fail_batch_reads_naming_the_option(spark, broker, options, 
     assert named in failure_of_batch(spark, broker.bootstrap_servers, **options)
 
 
-def test_bad_options_fail_streams_before_any_batch(spark, broker, tmp_path):
+def test_bad_options_fail_streams_at_load_or_before_any_batch(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
+    # Like Spark's Kafka source, options no read could use fail the DataFrame's definition.
+    for options, named in [
+        ({"subscribe": "t", "maxOfsetsPerTrigger": "5"}, "did you mean 'maxOffsetsPerTrigger'"),
+        ({"subscribe": "t", "startingOffsets": "{t: 1}"}, "'startingOffsets' is not valid JSON"),
+        ({}, "'subscribe', 'subscribePattern' or 'assign'"),
+    ]:
+        reader = spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+        with pytest.raises(AnalysisException) as failure:
+            reader.options(**options).load()
+        assert named in str(failure.value)
+    # Options only a batch read takes are known to be wrong once the stream starts.
     message = failure_of_stream(spark, bootstrap, tmp_path / "a", subscribe="t", endingOffsets="latest")
     assert "'endingOffsets' is not supported in streaming" in message
-    message = failure_of_stream(spark, bootstrap, tmp_path / "b", subscribe="t", maxOfsetsPerTrigger="5")
-    assert "did you mean 'maxOffsetsPerTrigger'" in message
 
 
 def test_unreachable_broker_is_a_clear_error_within_the_api_timeout(spark, tmp_path):

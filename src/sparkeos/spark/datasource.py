@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from .options import parse_sink_options, parse_source_options
+from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink import KafkaBatchWriter, KafkaStreamWriter, prepare_exactly_once, validate_input_schema
 from .source import KafkaBatchReader, KafkaStreamReader, source_schema
 
@@ -16,6 +16,10 @@ class KafkaDataSource(DataSource):
         return "sparkeos.kafka"
 
     def schema(self) -> StructType:
+        # Spark's Kafka source rejects bad options when the DataFrame is defined, at load(); schema() is what
+        # Spark calls then. Whether the read is a stream or a batch is not known yet: options only one kind of
+        # read rejects are reported when the query starts.
+        check_source_options(self.options)
         include = str(self.options.get("includeheaders", "false")).strip().lower() == "true"
         return source_schema(include)
 

@@ -196,6 +196,14 @@ class _Options:
         return {key[len("kafka."):]: value for key, value in self.values.items() if key.startswith("kafka.")}
 
 
+def check_source_options(raw: Mapping[str, str]) -> None:
+    """Raise the OptionError of options no read can use, whether it turns out to be streaming or batch."""
+    try:
+        parse_source_options(raw, streaming=True)
+    except OptionError:
+        parse_source_options(raw, streaming=False)
+
+
 def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptions:
     options = _Options(raw, SOURCE_OPTIONS, "sparkeos.kafka source")
     for name in BATCH_ONLY_SOURCE_OPTIONS if streaming else STREAM_ONLY_SOURCE_OPTIONS:
