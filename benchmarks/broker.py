@@ -14,8 +14,9 @@ binary; ``--tansu-bin`` overrides it.
 
 Reading the numbers:
 - Tansu runs on its in-memory engine (see TANSU_STORAGE_ENGINE), sparkeos on disk.
-- Each row is the median of --repeat runs; the machine's load average is printed, since client,
-  broker and anything else running share the same CPUs.
+- Each row is the median of --repeat runs. Both brokers are up for the whole run and take turns,
+  run by run (see run_brokers), so drift in the machine's speed weighs on both columns alike; the
+  load average is printed, since client, broker and anything else running share the same CPUs.
 - The client is Python: the "client ceiling" lines say how fast the consume loop alone goes, and
   a consume row close to its ceiling cannot show a bigger ratio whatever the broker does.
 - Consumers keep librdkafka's max.partition.fetch.bytes (1 MiB) unless --max-partition-fetch-bytes
@@ -43,7 +44,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -794,33 +795,46 @@ def build_workloads(records: int, records_1k: int) -> list[Workload]:
 # Running and reporting
 
 
-def run_broker(name: str, workloads: list[Workload], args: argparse.Namespace) -> BrokerRun:
-    run = BrokerRun(name)
-    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-        try:
-            with running_broker(name, Path(tmp), args.tansu_bin, args.startup_timeout, args.sparkeos_fsync) as broker:
-                run.command = broker.command
-                run.bootstrap = broker.bootstrap
-                run.startup_s = round(broker.startup_s, 3)
-                print(f"[{name}] {' '.join(broker.command)}")
-                print(f"[{name}] ready at {broker.bootstrap} in {broker.startup_s:.2f}s", flush=True)
-                ctx = Context(broker, args.workload_timeout, consumer_config(args))
-                for wl in workloads:
-                    result = _run_one(ctx, wl, args.repeat)
-                    run.results[wl.name] = result
-                    _print_progress(name, wl, result)
-                # Before the ceiling, whose extra topic is not part of any workload.
-                run.peak_rss_kib = peak_rss_kib(broker.proc.pid)
-                if any(wl.kind == "consume" for wl in workloads):
-                    for ceiling in client_ceilings(args.records, args.records_1k):
-                        run.client_ceilings[ceiling.name] = _run_one(ctx, ceiling, args.repeat)
-                        _print_progress(name, ceiling, run.client_ceilings[ceiling.name])
-        except Exception as exc:  # a broker that cannot start is a result too
-            run.start_error = f"{type(exc).__name__}: {exc}"
-            print(f"[{name}] FAILED: {run.start_error}", flush=True)
-            for wl in workloads:
-                run.results.setdefault(wl.name, Result(wl.records, 0, error="broker not running"))
-    return run
+def run_brokers(names: list[str], workloads: list[Workload], args: argparse.Namespace) -> dict[str, BrokerRun]:
+    """Every broker up at once, exercised one at a time: each repeat of a workload runs on each broker in turn
+    (the order flipping every repeat), so a machine that speeds up or slows down during the run weighs on both
+    columns alike. The broker not being measured is idle, so it takes no CPU from the one that is."""
+    runs = {name: BrokerRun(name) for name in names}
+    with ExitStack() as stack:
+        contexts: dict[str, Context] = {}
+        for name in names:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"bench-{name}-")))
+            run = runs[name]
+            try:
+                broker = stack.enter_context(
+                    running_broker(name, tmp, args.tansu_bin, args.startup_timeout, args.sparkeos_fsync)
+                )
+            except Exception as exc:  # a broker that cannot start is a result too
+                run.start_error = f"{type(exc).__name__}: {exc}"
+                print(f"[{name}] FAILED: {run.start_error}", flush=True)
+                continue
+            run.command = broker.command
+            run.bootstrap = broker.bootstrap
+            run.startup_s = round(broker.startup_s, 3)
+            print(f"[{name}] {' '.join(broker.command)}")
+            print(f"[{name}] ready at {broker.bootstrap} in {broker.startup_s:.2f}s", flush=True)
+            contexts[name] = Context(broker, args.workload_timeout, consumer_config(args))
+        for wl in workloads:
+            for name, result in _run_interleaved(contexts, wl, args.repeat).items():
+                runs[name].results[wl.name] = result
+                _print_progress(name, wl, result)
+        # Before the ceiling, whose extra topic is not part of any workload.
+        for name, ctx in contexts.items():
+            runs[name].peak_rss_kib = peak_rss_kib(ctx.broker.proc.pid)
+        if any(wl.kind == "consume" for wl in workloads):
+            for ceiling in client_ceilings(args.records, args.records_1k):
+                for name, result in _run_interleaved(contexts, ceiling, args.repeat).items():
+                    runs[name].client_ceilings[ceiling.name] = result
+                    _print_progress(name, ceiling, result)
+    for run in runs.values():
+        for wl in workloads:
+            run.results.setdefault(wl.name, Result(wl.records, 0, error="broker not running"))
+    return runs
 
 
 def consumer_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -829,20 +843,37 @@ def consumer_config(args: argparse.Namespace) -> dict[str, Any]:
     return {"max.partition.fetch.bytes": args.max_partition_fetch_bytes}
 
 
-def _run_one(ctx: Context, wl: Workload, repeat: int) -> Result:
-    results: list[Result] = []
-    for _ in range(repeat):
-        try:
-            ctx.broker.check_alive()
-            results.append(wl.run(ctx))
-        except Exception as exc:  # one failed workload must not hide the rest
-            return Result(wl.records, 0, error=f"{type(exc).__name__}: {exc}")
+def _run_interleaved(contexts: dict[str, Context], wl: Workload, repeat: int) -> dict[str, Result]:
+    names = list(contexts)
+    results: dict[str, list[Result]] = {name: [] for name in names}
+    failed: dict[str, Result] = {}
+    for i in range(repeat):
+        for name in names if i % 2 == 0 else names[::-1]:
+            if name in failed:
+                continue
+            result = _run_once(contexts[name], wl)
+            if result.error:
+                failed[name] = result  # one failed workload must not hide the rest
+            else:
+                results[name].append(result)
+    return {name: failed.get(name) or _median(results[name]) for name in names}
+
+
+def _run_once(ctx: Context, wl: Workload) -> Result:
+    try:
+        ctx.broker.check_alive()
+        return wl.run(ctx)
+    except Exception as exc:
+        return Result(wl.records, 0, error=f"{type(exc).__name__}: {exc}")
+
+
+def _median(results: list[Result]) -> Result:
     # The median run, whole (its latencies too), rather than a mean that one stall would skew.
     ordered = sorted(results, key=lambda r: r.msgs_per_s or 0.0)
     chosen = ordered[len(ordered) // 2]
     if chosen.msgs_per_s:
         chosen.extra["mib_per_s"] = round(chosen.msgs_per_s * chosen.value_bytes / 2**20, 1)
-    if repeat > 1:
+    if len(results) > 1:
         chosen.extra["runs_msgs_per_s"] = [round(r.msgs_per_s or 0.0) for r in results]
     return chosen
 
@@ -1047,10 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     print(f"load average: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
 
-    # Brokers run one after the other, never together, so neither steals the other's CPU.
-    runs: dict[str, BrokerRun] = {}
-    for name in brokers:
-        runs[name] = run_broker(name, workloads, args)
+    runs = run_brokers(brokers, workloads, args)
 
     rows = comparison(workloads, runs)
     load_after = os.getloadavg()
