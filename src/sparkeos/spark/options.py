@@ -81,6 +81,10 @@ class SourceOptions:
             "enable.auto.commit": "false",
             "enable.auto.offset.store": "false",
             "enable.partition.eof": "true",
+            # Once queued.min.messages (100,000) records wait in librdkafka's queue it stops fetching for this long,
+            # 1 s by default: a task reading a large range then sat idle for most of its time (500,000 records
+            # took 3.8 s instead of 0.8 s).
+            "fetch.queue.backoff.ms": "10",
         }
         config.update(self.kafka)
         config["bootstrap.servers"] = self.bootstrap_servers
