@@ -183,7 +183,9 @@ class Progress:
 
 def count_committed(bootstrap: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{GROUP}-count", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         # librdkafka pauses fetching 1 s whenever 100,000 records wait in its queue
+                         "fetch.queue.backoff.ms": 10})
     metadata = consumer.list_topics(topic, timeout=10).topics[topic]
     partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
     ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions}
