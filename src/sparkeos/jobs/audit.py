@@ -15,7 +15,7 @@ from datetime import timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .pipeline import EVENT_TIME, build, kafka_rows
+from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
 from .spec import JobSpec
 
 SAMPLES = 5
@@ -117,7 +117,7 @@ def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, 
     return AuditReport(output, dead_letter)
 
 
-def expected_rows(frames, spec: JobSpec) -> DataFrame:
+def expected_rows(frames: JobFrames, spec: JobSpec) -> DataFrame:
     """Event-time windows are emitted once the watermark passes their end; windows still open when the
     input ends are not expected. Spark's watermark is the largest event time among the records that
     reach the window (filters that do not use the event time run before it) minus the delay."""
