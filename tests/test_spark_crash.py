@@ -35,7 +35,7 @@ from spark_support import create_topic, read_committed, unique, wait_for
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
 from sparkeos.spark.sink import MARKER_PARTITIONS
 
-CYCLES = 8
+CYCLES = 10  # the issue asks for ten or more driver kills
 SOURCE_PARTITIONS = 3
 SINK_PARTITIONS = 2
 STARTUP_TIMEOUT_S = 240
