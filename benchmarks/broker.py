@@ -1128,8 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown workloads {missing}; known: {sorted(names)}")
         workloads = [w for w in workloads if w.name in wanted]
 
-    build_dir = tempfile.TemporaryDirectory(prefix="bench-client-")
-    args.c_client_binary = build_c_client(Path(build_dir.name)) if args.client == "c" else None
+    build_dir = tempfile.TemporaryDirectory(prefix="bench-client-") if args.client == "c" else None
+    args.c_client_binary = build_c_client(Path(build_dir.name)) if build_dir else None
     tansu_bin = None
     if "tansu" in brokers:
         tansu_bin = tansu_binary(args.tansu_bin)
@@ -1194,7 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"\nresults written to {args.json}")
-    build_dir.cleanup()
+    if build_dir:
+        build_dir.cleanup()
     return 0
 
 

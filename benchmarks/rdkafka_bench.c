@@ -12,7 +12,7 @@
  * KEY=VALUE pairs are further librdkafka settings, applied last.
  *
  * It prints one JSON object: records, seconds, value_bytes and, for transactions, commit latencies (ms).
- * Any error, a gap or a reordering of offsets, or a wrong value size exits non-zero.
+ * Any client error, or a consumed offset that does not rise (a repeat or a reordering), exits non-zero.
  */
 #include <librdkafka/rdkafka.h>
 

@@ -35,7 +35,7 @@ from spark_support import create_topic, read_committed, unique, wait_for
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
 from sparkeos.spark.sink import MARKER_PARTITIONS
 
-CYCLES = 10  # the issue asks for ten or more driver kills
+CYCLES = 10  # driver kills: the crash proof calls for at least ten
 SOURCE_PARTITIONS = 3
 SINK_PARTITIONS = 2
 STARTUP_TIMEOUT_S = 240
