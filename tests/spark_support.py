@@ -16,6 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
 
 
+CLIENT_CACHE_TIMEOUT_S = 20
+
+
 def spark_session(master: str = "local[2]"):
     """One SparkSession per test process (starting a JVM costs ~10 s); sparkeos.kafka registered."""
     import sparkeos.spark
@@ -32,6 +35,10 @@ def spark_session(master: str = "local[2]"):
             "spark.sql.streaming.stopTimeout": "30s",
             "spark.driver.memory": "1g",
             "spark.python.worker.reuse": "true",
+            # Every test stops its broker, and a client of a stopped broker retries its connection every
+            # ~50 ms: the long-lived Python workers must not keep hundreds of them (Spark's default 5m/10m).
+            "spark.kafka.consumer.cache.timeout": f"{CLIENT_CACHE_TIMEOUT_S}s",
+            "spark.kafka.producer.cache.timeout": f"{CLIENT_CACHE_TIMEOUT_S}s",
         },
     )
 
@@ -148,3 +155,27 @@ def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: 
             return result
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def kafka_client_threads_of_python_workers() -> dict[int, int]:
+    """librdkafka threads (named rdk:*) of each executor Python worker (pyspark.worker) under this process."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    result, pending = {}, list(children.get(os.getpid(), []))
+    while pending:
+        pid = pending.pop()
+        pending.extend(children.get(pid, []))
+        try:
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"pyspark.daemon" in arguments and b"pyspark.worker" in arguments:
+                comms = [(task / "comm").read_text() for task in Path(f"/proc/{pid}/task").iterdir()]
+                result[pid] = sum(1 for comm in comms if comm.startswith("rdk:"))
+        except OSError:
+            continue
+    return result

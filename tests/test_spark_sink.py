@@ -10,7 +10,15 @@ from collections import Counter
 
 import pytest
 
-from spark_support import create_topic, produce, read_committed, unique
+from spark_support import (
+    CLIENT_CACHE_TIMEOUT_S,
+    create_topic,
+    kafka_client_threads_of_python_workers,
+    produce,
+    read_committed,
+    unique,
+    wait_for,
+)
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
 
@@ -143,6 +151,26 @@ def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, brok
     markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
     prefixes = {m["transactional_id"].rsplit("-", 1)[0] for m in markers}
     assert prefixes == {f"sparkeos-{query_id}" for query_id in ids}
+
+
+def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broker, tmp_path):
+    """Spark's Kafka connector closes cached clients idle for spark.kafka.*.cache.timeout; so do we."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(200)])
+    run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"), topic=sink)
+    assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(200))
+    holders = [pid for pid, threads in kafka_client_threads_of_python_workers().items() if threads]
+    assert holders, "no Python worker holds a cached client after the query"
+
+    def closed_by_the_still_running_workers() -> bool:
+        # Spark stops a Python worker idle for 1 minute; the clients must go before, with the worker alive.
+        now = kafka_client_threads_of_python_workers()
+        return all(now.get(pid) == 0 for pid in holders)
+
+    wait_for(closed_by_the_still_running_workers, timeout_s=2 * CLIENT_CACHE_TIMEOUT_S,
+             what="the Python workers to close their idle Kafka clients")
 
 
 def test_batch_write_is_exactly_once_per_write(spark, broker):

@@ -30,13 +30,21 @@ def session(
     """A SparkSession with `sparkeos.kafka` registered.
 
     Python workers run this interpreter (PYSPARK_PYTHON), so they see the same installed packages.
+    Spark's `spark.kafka.consumer.cache.timeout` and `spark.kafka.producer.cache.timeout` in `config` reach
+    the Python workers as the environment variables that `sparkeos.spark.clients` reads.
     """
     from pyspark.sql import SparkSession
+
+    from .clients import SPARK_CONF_FOR_ENV
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    for key, value in (config or {}).items():
+    config = dict(config or {})
+    for spark_name, variable in SPARK_CONF_FOR_ENV.items():
+        if spark_name in config:
+            config.setdefault(f"spark.executorEnv.{variable}", config[spark_name])
+    for key, value in config.items():
         builder = builder.config(key, value)
     return register(builder.getOrCreate())

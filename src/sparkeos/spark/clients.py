@@ -1,41 +1,165 @@
-"""Kafka clients cached per Python worker, so tasks do not pay connection set-up (or init_transactions)."""
+"""Kafka clients cached per Python worker, so tasks do not pay connection set-up (or init_transactions).
+
+Like Spark's own Kafka connector, a cached client that sits idle longer than its timeout is closed by a
+background evictor: a worker that served a finished query (or a cluster that is gone) does not keep
+connections, threads and reconnect attempts alive for the rest of its life. The timeouts mirror Spark's
+``spark.kafka.consumer.cache.timeout`` (5m) and ``spark.kafka.producer.cache.timeout`` (10m); Python
+workers cannot read SparkConf, so they come from the executors' environment variables
+``SPARKEOS_CONSUMER_CACHE_TIMEOUT`` and ``SPARKEOS_PRODUCER_CACHE_TIMEOUT`` (set them with
+``spark.executorEnv.*``; `sparkeos.spark.session` does this from Spark's names).
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 Client = TypeVar("Client")
 
+CONSUMER_TIMEOUT_ENV = "SPARKEOS_CONSUMER_CACHE_TIMEOUT"
+PRODUCER_TIMEOUT_ENV = "SPARKEOS_PRODUCER_CACHE_TIMEOUT"
+SPARK_CONF_FOR_ENV = {
+    "spark.kafka.consumer.cache.timeout": CONSUMER_TIMEOUT_ENV,
+    "spark.kafka.producer.cache.timeout": PRODUCER_TIMEOUT_ENV,
+}
+EVICTOR_MAX_INTERVAL_S = 60.0  # Spark's spark.kafka.*.cache.evictorThreadRunInterval
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
+_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def idle_timeout_s(variable: str, default: str) -> float:
+    """The idle timeout in `variable` (a Spark duration such as 30s or 10m), else `default`."""
+    text = os.environ.get(variable) or default
+    match = _DURATION.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"environment variable {variable} must be a positive duration such as 30s or 10m, "
+                         f"got {text!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return float(match.group(1)) * _UNIT_S[unit]
+
+
+@dataclass
+class _Entry(Generic[Client]):
+    client: Client
+    last_used: float
+    leases: int = 0
+
 
 class ClientCache(Generic[Client]):
-    """A small LRU: a long-lived worker that served many queries keeps only the recent clients open."""
+    """A small LRU with idle eviction. Clients are leased: one held by a running task is never closed."""
 
-    def __init__(self, capacity: int, close: Callable[[Client], None]):
+    def __init__(self, capacity: int, close: Callable[[Client], None], timeout_variable: str, default_timeout: str):
         self.capacity = capacity
         self.close = close
-        self.entries: OrderedDict[Hashable, Client] = OrderedDict()
+        self.timeout_variable = timeout_variable
+        self.default_timeout = default_timeout
+        self.entries: OrderedDict[Hashable, _Entry[Client]] = OrderedDict()
+        self.lock = threading.Lock()
+        self.evictor_pid: int | None = None
+        self._timeout_s: float | None = None
 
-    def get(self, key: Hashable, create: Callable[[], Client]) -> Client:
-        client = self.entries.get(key)
-        if client is None:
-            client = create()
-            self.entries[key] = client
-            while len(self.entries) > self.capacity:
-                _, evicted = self.entries.popitem(last=False)
-                self.discard_client(evicted)
-        self.entries.move_to_end(key)
+    @contextmanager
+    def lease(self, key: Hashable, create: Callable[[], Client]) -> Iterator[Client]:
+        """The cached client for `key` (created if missing), held until the block ends."""
+        client = self.acquire(key, create)
+        try:
+            yield client
+        finally:
+            self.release(client)
+
+    def acquire(self, key: Hashable, create: Callable[[], Client]) -> Client:
+        self._start_evictor()
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None:
+                entry.leases += 1
+                entry.last_used = time.monotonic()
+                self.entries.move_to_end(key)
+                return entry.client
+        # Created outside the lock, so the evictor never waits on a transactional producer's
+        # init_transactions; a Python worker runs one task at a time, so no other task races for `key`.
+        client = create()
+        with self.lock:
+            self.entries[key] = _Entry(client, time.monotonic(), leases=1)
+            evicted = self._over_capacity()
+        self._close_all(evicted)
         return client
 
-    def forget(self, client: Client) -> None:
-        for key, cached in list(self.entries.items()):
-            if cached is client:
-                del self.entries[key]
-        self.discard_client(client)
+    def release(self, client: Client) -> None:
+        with self.lock:
+            for entry in self.entries.values():
+                if entry.client is client:
+                    entry.leases = max(entry.leases - 1, 0)
+                    entry.last_used = time.monotonic()
 
-    def discard_client(self, client: Client) -> None:
-        try:
-            self.close(client)
-        except Exception:  # noqa: BLE001 - a client being dropped may be broken in any way
-            pass
+    def forget(self, client: Client) -> None:
+        """Drop and close a broken or fenced client, leased or not."""
+        with self.lock:
+            for key, entry in list(self.entries.items()):
+                if entry.client is client:
+                    del self.entries[key]
+        self._close_all([client])
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Close every client that no task holds and that has been idle longer than the timeout."""
+        now = time.monotonic() if now is None else now
+        timeout = self.timeout_s()
+        with self.lock:
+            idle = [key for key, entry in self.entries.items() if not entry.leases and now - entry.last_used > timeout]
+            evicted = [self.entries.pop(key).client for key in idle]
+        self._close_all(evicted)
+        return len(evicted)
+
+    def clear(self) -> None:
+        """Close every client, leased or not."""
+        with self.lock:
+            clients = [entry.client for entry in self.entries.values()]
+            self.entries.clear()
+        self._close_all(clients)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def timeout_s(self) -> float:
+        """Read once: a worker's environment does not change while it runs."""
+        if self._timeout_s is None:
+            self._timeout_s = idle_timeout_s(self.timeout_variable, self.default_timeout)
+        return self._timeout_s
+
+    def _over_capacity(self) -> list[Client]:
+        evicted = []
+        for key in list(self.entries):
+            if len(self.entries) <= self.capacity:
+                break
+            if not self.entries[key].leases:
+                evicted.append(self.entries.pop(key).client)
+        return evicted
+
+    def _close_all(self, clients: list[Client]) -> None:
+        for client in clients:
+            try:
+                self.close(client)
+            except Exception:  # noqa: BLE001 - a client being dropped may be broken in any way
+                pass
+
+    def _start_evictor(self) -> None:
+        # Per process: a worker forked from one that had started the thread must start its own.
+        if self.evictor_pid == os.getpid():
+            return
+        interval = min(max(self.timeout_s() / 2, 0.5), EVICTOR_MAX_INTERVAL_S)
+        self.evictor_pid = os.getpid()
+        threading.Thread(target=self._evict_forever, args=(interval,), name="sparkeos-client-evictor",
+                         daemon=True).start()
+
+    def _evict_forever(self, interval: float) -> None:
+        while True:
+            time.sleep(interval)
+            self.evict_idle()

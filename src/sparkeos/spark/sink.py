@@ -29,6 +29,8 @@ Protocol
    therefore starts with the marker offset (``send_offsets_to_transaction``), a synchronous round trip:
    if it fails, the producer is replaced (``init_transactions``) and the marker read again, before any
    input is consumed. A producer fenced after that point cannot commit; its commit fails the task.
+   A cached producer that no task used for ``spark.kafka.producer.cache.timeout`` is closed between
+   transactions (``clients.py``); the next task of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
 
@@ -38,7 +40,8 @@ receive the same records on replay: deterministic transformations (no unseeded `
 deterministic per batch. Empty tasks write no transaction at all.
 
 Batch writes (``df.write``) use the same protocol with B = 0 and ``T = <prefix>-<write id>-<p>``, a
-write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt.
+write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt. The
+producer of such an id is closed when its task ends: nothing uses the id again.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from . import failpoints
-from .clients import ClientCache
+from .clients import PRODUCER_TIMEOUT_ENV, ClientCache
 from .cluster import KafkaCluster, connection_config
 from .options import SinkOptions
 from .source import HEADERS_TYPE
@@ -337,56 +340,64 @@ def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa
     yield from rest
 
 
-_writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close)
-
-
-def _writer_for(options: SinkOptions, transactional_id: str, marker_partitions: int) -> _TransactionalWriter:
-    key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
-    return _writers.get(key, lambda: _TransactionalWriter(options, transactional_id, marker_partitions))
+_writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close, PRODUCER_TIMEOUT_ENV, "10m")
 
 
 def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, query_id: str | None,
-                       marker_partitions: int, batches: Iterator[pa.RecordBatch], fresh_id: bool = False) -> SinkCommit:
-    """Steps 3 and 4 of the protocol for one task."""
+                       marker_partitions: int, batches: Iterator[pa.RecordBatch], fresh_id: bool = False,
+                       keep_producer: bool = True) -> SinkCommit:
+    """Steps 3 and 4 of the protocol for one task. `keep_producer=False` closes the producer afterwards, for
+    a transactional id that is never used again."""
     partition = TaskContext.get().partitionId()
     first, rest = _peek(batches)
     if first is None:
         return SinkCommit(partition, batch, 0, False, transactional_id)
-    writer = _writer_for(options, transactional_id, marker_partitions)
-    for attempt in range(2):
-        committed = None if fresh_id and attempt == 0 else writer.last_committed_batch()
-        if committed is not None and committed >= batch:
-            skipped = _drain(first, rest)
-            log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
-                     committed, skipped)
-            return SinkCommit(partition, batch, skipped, True, transactional_id)
-        try:
-            writer.begin(batch)
-            break
-        except KafkaException:
-            # Fenced (another worker initialised this id since we cached the producer) or broken:
-            # a new producer fences the others, and the marker is read again under its epoch.
-            _writers.forget(writer)
-            if attempt == 1:
-                raise
-            writer = _writer_for(options, transactional_id, marker_partitions)
+    key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
+
+    def create() -> _TransactionalWriter:
+        return _TransactionalWriter(options, transactional_id, marker_partitions)
+
+    writer = _writers.acquire(key, create)
     try:
-        records = writer.write_and_commit(batch, query_id, first, rest)
-    except KafkaException as exc:
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and error.txn_requires_abort():
+        for attempt in range(2):
+            committed = None if fresh_id and attempt == 0 else writer.last_committed_batch()
+            if committed is not None and committed >= batch:
+                skipped = _drain(first, rest)
+                log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
+                         committed, skipped)
+                return SinkCommit(partition, batch, skipped, True, transactional_id)
+            try:
+                writer.begin(batch)
+                break
+            except KafkaException:
+                # Fenced (another worker initialised this id since we cached the producer) or broken:
+                # a new producer fences the others, and the marker is read again under its epoch.
+                _writers.forget(writer)
+                if attempt == 1:
+                    raise
+                writer = _writers.acquire(key, create)
+        try:
+            records = writer.write_and_commit(batch, query_id, first, rest)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.txn_requires_abort():
+                writer.abort_quietly()
+            else:
+                _writers.forget(writer)
+            raise
+        except BaseException:
             writer.abort_quietly()
-        else:
+            raise
+        failpoints.fire("sink.after_commit")
+        return SinkCommit(partition, batch, records, False, transactional_id)
+    finally:
+        _writers.release(writer)
+        if not keep_producer:
             _writers.forget(writer)
-        raise
-    except BaseException:
-        writer.abort_quietly()
-        raise
-    failpoints.fire("sink.after_commit")
-    return SinkCommit(partition, batch, records, False, transactional_id)
 
 
-_plain_producers: ClientCache[Producer] = ClientCache(8, lambda producer: producer.flush(10))
+_plain_producers: ClientCache[Producer] = ClientCache(8, lambda producer: producer.flush(10), PRODUCER_TIMEOUT_ENV,
+                                                       "10m")
 
 
 def write_without_transactions(options: SinkOptions, batch: int, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
@@ -396,7 +407,21 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
     """
     partition = TaskContext.get().partitionId()
     key = json.dumps(options.producer_config(), sort_keys=True)
-    producer = _plain_producers.get(key, lambda: Producer(options.producer_config()))
+    with _plain_producers.lease(key, lambda: Producer(options.producer_config())) as producer:
+        records, errors, remaining = _produce_and_flush(producer, options, batches)
+    if options.delivery_guarantee == "at_least_once":
+        if remaining:
+            raise TimeoutError(f"{remaining} records were not acknowledged in time")
+        if errors:
+            raise KafkaException(errors[0])
+    elif errors or remaining:
+        log.warning("deliveryGuarantee=none: %d records failed, %d unacknowledged", len(errors), remaining)
+    return SinkCommit(partition, batch, records, False, None)
+
+
+def _produce_and_flush(producer: Producer, options: SinkOptions,
+                       batches: Iterator[pa.RecordBatch]) -> tuple[int, list[KafkaError], int]:
+    """(records handed over, delivery errors, records still unacknowledged after the flush)."""
     errors: list[KafkaError] = []
 
     def on_delivery(error, _message) -> None:
@@ -409,14 +434,7 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
         rows.produce_all(producer, on_delivery)
         records += rows.count
     remaining = producer.flush(options.transaction_timeout_ms / 1000 + 30)
-    if options.delivery_guarantee == "at_least_once":
-        if remaining:
-            raise TimeoutError(f"{remaining} records were not acknowledged in time")
-        if errors:
-            raise KafkaException(errors[0])
-    elif errors or remaining:
-        log.warning("deliveryGuarantee=none: %d records failed, %d unacknowledged", len(errors), remaining)
-    return SinkCommit(partition, batch, records, False, None)
+    return records, errors, remaining
 
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
@@ -455,7 +473,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
         prefix = self.options.transactional_id_prefix or "sparkeos"
         # A first attempt of a fresh id cannot have committed before: no marker to read.
         return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
-                                  self.marker_partitions, iterator, fresh_id=attempt == 0)
+                                  self.marker_partitions, iterator, fresh_id=attempt == 0, keep_producer=False)
 
     def commit(self, messages: list) -> None:
         log.info(report_commit(messages, 0, self.options.delivery_guarantee))

@@ -37,7 +37,7 @@ try:  # SupportsTriggerAvailableNow arrived in pyspark 4.2
 except ImportError:  # pragma: no cover - older pyspark
     SupportsTriggerAvailableNow = object  # type: ignore[misc,assignment]
 
-from .clients import ClientCache
+from .clients import CONSUMER_TIMEOUT_ENV, ClientCache
 from .cluster import KafkaCluster
 from .options import EARLIEST, LATEST, SourceOptions, StartSpec
 
@@ -409,12 +409,8 @@ class KafkaBatchReader(DataSourceReader):
 # --- reading (executors) ------------------------------------------------------------------------
 
 ROWS_PER_ARROW_BATCH = 8192
-_consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close)
-
-
-def _cached_consumer(config: dict[str, str]) -> Consumer:
-    """One consumer per Python worker and configuration: connections survive from task to task."""
-    return _consumers.get(json.dumps(config, sort_keys=True), lambda: Consumer(config))
+# One consumer per Python worker and configuration: connections survive from task to task.
+_consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close, CONSUMER_TIMEOUT_ENV, "5m")
 
 
 class _ArrowBuilder:
@@ -468,7 +464,8 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
     # A batch read with nothing to read gets one placeholder partition, InputPartition(None), from Spark.
     if not isinstance(task, KafkaRange) or task.start >= task.end:
         return
-    consumer = _cached_consumer(options.consumer_config())
+    config = options.consumer_config()
+    consumer = _consumers.acquire(json.dumps(config, sort_keys=True), lambda: Consumer(config))
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
     builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
     timeout_s = options.poll_timeout_ms / 1000
@@ -508,7 +505,10 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
         if len(builder):
             yield builder.build()
     finally:
-        consumer.unassign()
+        try:
+            consumer.unassign()
+        finally:
+            _consumers.release(consumer)
 
 
 def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: bool) -> bool:
