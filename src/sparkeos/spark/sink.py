@@ -252,9 +252,11 @@ class _TransactionalWriter:
         self.producer.init_transactions(self.timeout_s)
 
     def close(self) -> None:
+        # Explicitly, not on garbage collection: a traceback may keep this object, and with it the
+        # producer's threads and connections, alive for as long as the worker lives.
         self.consumer.close()
         self.producer.purge()
-        self.producer.flush(0)
+        self.producer.close()
 
     def last_committed_batch(self) -> int | None:
         committed = self.consumer.committed([self.marker], timeout=self.timeout_s)[0]
@@ -396,8 +398,14 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             _writers.forget(writer)
 
 
-_plain_producers: ClientCache[Producer] = ClientCache(8, lambda producer: producer.flush(10), PRODUCER_TIMEOUT_ENV,
-                                                       "10m")
+def _close_plain_producer(producer: Producer) -> None:
+    # Every task flushed its records already; purge only so that close() cannot wait on a dead cluster.
+    producer.flush(10)
+    producer.purge()
+    producer.close()
+
+
+_plain_producers: ClientCache[Producer] = ClientCache(8, _close_plain_producer, PRODUCER_TIMEOUT_ENV, "10m")
 
 
 def write_without_transactions(options: SinkOptions, batch: int, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
