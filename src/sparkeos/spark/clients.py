@@ -12,7 +12,6 @@ workers cannot read SparkConf, so they come from the executors' environment vari
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -20,6 +19,8 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from .options import duration_ms
 
 Client = TypeVar("Client")
 
@@ -31,19 +32,16 @@ SPARK_CONF_FOR_ENV = {
 }
 EVICTOR_MAX_INTERVAL_S = 60.0  # Spark's spark.kafka.*.cache.evictorThreadRunInterval
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
-_UNIT_S = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
 def idle_timeout_s(variable: str, default: str) -> float:
     """The idle timeout in `variable` (a Spark duration such as 30s or 10m), else `default`."""
     text = os.environ.get(variable) or default
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
+    milliseconds = duration_ms(text)
+    if not milliseconds:
         raise ValueError(f"environment variable {variable} must be a positive duration such as 30s or 10m, "
                          f"got {text!r}")
-    unit = match.group(2).lower() if match.group(2) else None
-    return float(match.group(1)) * _UNIT_S[unit]
+    return milliseconds / 1000
 
 
 @dataclass

@@ -393,13 +393,21 @@ _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _UNIT_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-def _parse_duration_ms(options: _Options, name: str, default: str) -> int:
-    text = options.get(name) or default
+def duration_ms(text: str) -> int | None:
+    """A Spark-style duration (500ms, 30s, 15m, 1h, 2d; a bare number is milliseconds), or None if malformed."""
     match = _DURATION.match(text)
     if not match:
-        raise OptionError(f"option '{name}' must be a duration such as 500ms, 30s or 15m, got {text!r}")
+        return None
     unit = match.group(2).lower() if match.group(2) else None
     return int(match.group(1)) * _UNIT_MS[unit]
+
+
+def _parse_duration_ms(options: _Options, name: str, default: str) -> int:
+    text = options.get(name) or default
+    parsed = duration_ms(text)
+    if parsed is None:
+        raise OptionError(f"option '{name}' must be a duration such as 500ms, 30s or 15m, got {text!r}")
+    return parsed
 
 
 def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
