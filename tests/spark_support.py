@@ -156,26 +156,3 @@ def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: 
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
-
-def kafka_client_threads_of_python_workers() -> dict[int, int]:
-    """librdkafka threads (named rdk:*) of each executor Python worker (pyspark.worker) under this process."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    result, pending = {}, list(children.get(os.getpid(), []))
-    while pending:
-        pid = pending.pop()
-        pending.extend(children.get(pid, []))
-        try:
-            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"pyspark.daemon" in arguments and b"pyspark.worker" in arguments:
-                comms = [(task / "comm").read_text() for task in Path(f"/proc/{pid}/task").iterdir()]
-                result[pid] = sum(1 for comm in comms if comm.startswith("rdk:"))
-        except OSError:
-            continue
-    return result

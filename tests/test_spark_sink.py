@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from spark_support import (
-    CLIENT_CACHE_TIMEOUT_S,
-    create_topic,
-    kafka_client_threads_of_python_workers,
-    produce,
-    read_committed,
-    unique,
-    wait_for,
-)
+from spark_crash_support import command_line, descendants
+from spark_support import CLIENT_CACHE_TIMEOUT_S, create_topic, produce, read_committed, unique, wait_for
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
 
@@ -151,6 +146,20 @@ def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, brok
     markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
     prefixes = {m["transactional_id"].rsplit("-", 1)[0] for m in markers}
     assert prefixes == {f"sparkeos-{query_id}" for query_id in ids}
+
+
+def kafka_client_threads_of_python_workers() -> dict[int, int]:
+    """librdkafka threads (named rdk:*) of each executor Python worker (pyspark.worker) under this process."""
+    result = {}
+    for pid in descendants(os.getpid()):
+        arguments = command_line(pid)
+        if "pyspark.daemon" in arguments and "pyspark.worker" in arguments:
+            try:
+                comms = [(task / "comm").read_text() for task in Path(f"/proc/{pid}/task").iterdir()]
+            except OSError:
+                continue
+            result[pid] = sum(1 for comm in comms if comm.startswith("rdk:"))
+    return result
 
 
 def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broker, tmp_path):

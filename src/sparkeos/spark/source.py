@@ -465,7 +465,11 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
     if not isinstance(task, KafkaRange) or task.start >= task.end:
         return
     config = options.consumer_config()
-    consumer = _consumers.acquire(json.dumps(config, sort_keys=True), lambda: Consumer(config))
+    with _consumers.lease(json.dumps(config, sort_keys=True), lambda: Consumer(config)) as consumer:
+        yield from _read_assigned(consumer, options, task)
+
+
+def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
     builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
     timeout_s = options.poll_timeout_ms / 1000
@@ -505,10 +509,7 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
         if len(builder):
             yield builder.build()
     finally:
-        try:
-            consumer.unassign()
-        finally:
-            _consumers.release(consumer)
+        consumer.unassign()
 
 
 def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: bool) -> bool:
