@@ -97,3 +97,15 @@ def response_header(correlation_id: int, flexible: bool) -> bytes:
     if flexible:
         return struct.pack(">ib", correlation_id, 0)
     return struct.pack(">i", correlation_id)
+
+
+def decode_generic(request_type, body: memoryview, version: int, api_key: int):
+    """A request body decoded by kafka-python's schema codec, refused as Kafka would refuse it."""
+    try:
+        request = request_type.decode(body, version=version)
+    except Exception as exc:
+        raise MalformedRequest(f"cannot decode API {api_key} v{version}: {exc}") from None
+    null_field = unexpected_null(request, request_type._struct.fields, version)
+    if null_field is not None:
+        raise MalformedRequest(f"API {api_key} v{version}: non-nullable {null_field} is null")
+    return request

@@ -132,9 +132,13 @@ def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memory
 
 def stamp_batch(
     batch: memoryview, base_offset: int, leader_epoch: int, log_append_time: int | None
-) -> bytearray:
-    """Copy a batch with the fields the broker owns rewritten."""
-    out = bytearray(batch)
+) -> memoryview | bytearray:
+    """The batch with the fields the broker owns rewritten.
+
+    In place when `batch` is writable: a received request frame belongs to the broker, and
+    stamping it where it lies spares a copy of every produced byte. A read-only batch is copied.
+    """
+    out = bytearray(batch) if batch.readonly else batch
     _INT64.pack_into(out, 0, base_offset)
     _INT32.pack_into(out, 12, leader_epoch)
     if log_append_time is not None:

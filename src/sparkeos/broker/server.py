@@ -3,6 +3,12 @@
 Requests on one connection are handled concurrently (a long-polling Fetch does not hold up a
 Heartbeat behind it in our code) but started in arrival order and answered in arrival order,
 as Kafka clients expect. A frame that cannot be understood closes only its own connection.
+
+Frames are received straight into buffers of their own: small ones through a fixed staging
+buffer, a large one (a Produce of a big batch) into a buffer of its exact size that the socket
+fills directly. A frame's bytes are then never copied again on their way to the log: the
+Produce decoder hands out views of them, the log stamps offsets into them in place and writes
+them from there.
 """
 
 from __future__ import annotations
@@ -10,17 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections import deque
 
 from . import apis  # noqa: F401  (registers every API module)
 from .apis.fetch_response import FetchResult
 from .apis.registry import APIS, RequestContext
 from .core import Broker
-from .protocol import MalformedRequest, parse_request_header, response_header, unexpected_null
+from .protocol import MalformedRequest, decode_generic, parse_request_header, response_header
 
 log = logging.getLogger("sparkeos.broker.server")
 
 API_VERSIONS_KEY = 18
 MAX_IN_FLIGHT_PER_CONNECTION = 64
+STAGING_BYTES = 64 * 1024
+_SIZE = struct.Struct(">i")
 
 
 def _request_is_flexible(api_key: int, version: int) -> bool:
@@ -32,42 +41,103 @@ def _request_is_flexible(api_key: int, version: int) -> bool:
     return entry.supports(version) and entry.request_is_flexible(version)
 
 
-class Connection:
-    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, broker: Broker, connections: set[Connection]) -> None:
         self.broker = broker
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.responses: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(MAX_IN_FLIGHT_PER_CONNECTION)
+        self.connections = connections
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._stage = bytearray(STAGING_BYTES)
+        self._staged = 0
+        self._frame: bytearray | None = None  # a frame larger than the stage, being received into
+        self._filled = 0
+        # Handler tasks in request order; None ends the connection once the ones before it are answered.
+        self._responses: deque[asyncio.Task | None] = deque()
+        self._response_queued = asyncio.Event()
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._reading_paused = False
+        self._reading_done = False
+        self._writer: asyncio.Task | None = None
 
-    async def serve(self) -> None:
-        writer_task = asyncio.create_task(self._write_responses())
+    # -- asyncio.BufferedProtocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.connections.add(self)
+        self._writer = asyncio.get_running_loop().create_task(self._write_responses())
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._filled :]
+        return memoryview(self._stage)[self._staged :]
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            await self._read_requests()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            if self._frame is not None:
+                self._filled += nbytes
+                if self._filled == len(self._frame):
+                    frame, self._frame = self._frame, None
+                    self._dispatch(frame)
+                return
+            self._staged += nbytes
+            self._take_staged_frames()
         except MalformedRequest as exc:
             log.info("closing connection from %s: %s", self.peer, exc)
-        finally:
-            await self.responses.put(None)
-            try:
-                await writer_task
-            except Exception:
-                pass
-            self.writer.close()
+            self._stop_reading()
 
-    async def _read_requests(self) -> None:
+    def eof_received(self) -> bool | None:
+        self._stop_reading()
+        return True  # keep the transport open until the responses before the EOF are written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_reading()
+        self._can_write.set()  # a writer waiting for the peer to drain gives up instead
+        self.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _take_staged_frames(self) -> None:
+        stage = self._stage
         max_bytes = self.broker.config.max_request_bytes
-        while True:
-            (size,) = struct.unpack(">i", await self.reader.readexactly(4))
+        pos = 0
+        while self._staged - pos >= _SIZE.size and not self._reading_done:
+            (size,) = _SIZE.unpack_from(stage, pos)
             if size < 0 or size > max_bytes:
                 raise MalformedRequest(f"request of {size} bytes exceeds socket.request.max.bytes ({max_bytes})")
-            frame = await self.reader.readexactly(size)
-            task = self._dispatch(memoryview(frame))
-            await self.responses.put(task)
+            start, end = pos + _SIZE.size, pos + _SIZE.size + size
+            if end <= self._staged:
+                self._dispatch(bytearray(memoryview(stage)[start:end]))
+                pos = end
+                continue
+            if _SIZE.size + size > len(stage):
+                # Too big for the stage: the rest of it goes straight from the socket into its own buffer.
+                frame = bytearray(size)
+                frame[: self._staged - start] = memoryview(stage)[start : self._staged]
+                self._frame, self._filled = frame, self._staged - start
+                pos = self._staged
+            break
+        rest = self._staged - pos
+        if pos and rest:
+            stage[:rest] = stage[pos : self._staged]
+        self._staged = rest
 
-    def _dispatch(self, frame: memoryview) -> asyncio.Task:
+    def _dispatch(self, frame: bytearray) -> None:
+        self._responses.append(self._start(memoryview(frame)))
+        self._response_queued.set()
+        if len(self._responses) >= MAX_IN_FLIGHT_PER_CONNECTION and not self._reading_paused:
+            self._pause_reading()
+
+    def _start(self, frame: memoryview) -> asyncio.Task:
         header = parse_request_header(frame, _request_is_flexible)
         entry = APIS.get(header.api_key)
         if entry is None:
@@ -80,14 +150,28 @@ class Connection:
 
                 return asyncio.create_task(_ready(unsupported_version_response(header.correlation_id)))
             raise MalformedRequest(f"unsupported version {header.api_version} of API {header.api_key}")
-        try:
-            request = entry.request.decode(frame[header.body_offset :], version=header.api_version)
-        except Exception as exc:
-            raise MalformedRequest(f"cannot decode API {header.api_key} v{header.api_version}: {exc}") from None
-        null_field = unexpected_null(request, entry.request._struct.fields, header.api_version)
-        if null_field is not None:
-            raise MalformedRequest(f"API {header.api_key} v{header.api_version}: non-nullable {null_field} is null")
+        body = frame[header.body_offset :]
+        if entry.decode is not None:
+            request = entry.decode(body, header.api_version)
+        else:
+            request = decode_generic(entry.request, body, header.api_version, entry.key)
         return asyncio.create_task(self._handle(entry, context, request))
+
+    def _pause_reading(self) -> None:
+        assert self.transport is not None
+        if not self._reading_paused and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._reading_paused = True
+
+    def _stop_reading(self) -> None:
+        if self._reading_done:
+            return
+        self._reading_done = True
+        self._pause_reading()
+        self._responses.append(None)
+        self._response_queued.set()
+
+    # -- answering ---------------------------------------------------------------------------
 
     async def _handle(self, entry, context: RequestContext, request) -> list[bytes | memoryview] | None:
         response = await entry.handler(self.broker, context, request)
@@ -105,27 +189,50 @@ class Connection:
         return parts
 
     async def _write_responses(self) -> None:
-        while True:
-            task = await self.responses.get()
-            if task is None:
-                return
-            try:
-                payload = await task
-            except Exception:
-                log.exception("request from %s failed; closing the connection", self.peer)
-                self.writer.close()
-                self._drain_queue()
-                return
-            if payload is not None:
+        transport = self.transport
+        assert transport is not None
+        try:
+            while True:
+                while not self._responses:
+                    self._response_queued.clear()
+                    await self._response_queued.wait()
+                task = self._responses.popleft()
+                if task is None:
+                    return
+                self._maybe_resume_reading()
+                try:
+                    payload = await task
+                except Exception:
+                    log.exception("request from %s failed; closing the connection", self.peer)
+                    return
+                if payload is None or transport.is_closing():
+                    continue
                 for part in payload:
-                    self.writer.write(part)
-                await self.writer.drain()
+                    transport.write(part)
+                await self._can_write.wait()
+        finally:
+            self._cancel_pending()
+            transport.close()
 
-    def _drain_queue(self) -> None:
-        while not self.responses.empty():
-            task = self.responses.get_nowait()
+    def _maybe_resume_reading(self) -> None:
+        assert self.transport is not None
+        if self._reading_paused and not self._reading_done and len(self._responses) < MAX_IN_FLIGHT_PER_CONNECTION:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _cancel_pending(self) -> None:
+        while self._responses:
+            task = self._responses.popleft()
             if task is not None:
                 task.cancel()
+
+    def abort(self) -> asyncio.Task | None:
+        """Broker shutdown: drop the connection now; the client reconnects elsewhere."""
+        if self.transport is not None:
+            self.transport.abort()
+        if self._writer is not None:
+            self._writer.cancel()
+        return self._writer
 
 
 async def _ready(payload: bytes) -> list[bytes | memoryview]:
@@ -136,31 +243,21 @@ class BrokerServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.server: asyncio.Server | None = None
-        self.connections: set[asyncio.Task] = set()
+        self.connections: set[Connection] = set()
 
     async def start(self) -> int:
         config = self.broker.config
-        self.server = await asyncio.start_server(self._accept, config.host, config.port, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: Connection(self.broker, self.connections),
+                                               config.host, config.port)
         port = self.server.sockets[0].getsockname()[1]
         config.port = port
         self.broker.start_background()
         return port
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.connections.add(task)
-        try:
-            await Connection(self.broker, reader, writer).serve()
-        except asyncio.CancelledError:
-            writer.close()  # broker shutdown: end quietly, the client reconnects elsewhere
-        finally:
-            self.connections.discard(task)
-
     async def stop(self) -> None:
         if self.server is not None:
             self.server.close()
-        for task in list(self.connections):
-            task.cancel()
-        await asyncio.gather(*self.connections, return_exceptions=True)
+        writers = [w for w in (c.abort() for c in list(self.connections)) if w is not None]
+        await asyncio.gather(*writers, return_exceptions=True)
         await self.broker.close()

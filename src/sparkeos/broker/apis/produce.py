@@ -6,9 +6,12 @@ import logging
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from ..protocol import decode_generic
 from ..records import InvalidBatch
 from ..storage.producer_state import SequenceError
 from ..storage.topics import InvalidTopic
+from .produce_request import MIN_VERSION as FIRST_DEDICATED_VERSION
+from .produce_request import decode_produce_request
 from .registry import api
 
 log = logging.getLogger("sparkeos.broker.produce")
@@ -30,7 +33,14 @@ def _error(index: int, code: int, message: str | None = None) -> PartitionRespon
     return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=message)
 
 
-@api(ProduceRequest, ProduceResponse, 0, 9)
+def decode_request(body: memoryview, version: int):
+    """v3+ (one magic-2 batch per partition, what every current client sends): records stay views of the frame."""
+    if version >= FIRST_DEDICATED_VERSION:
+        return decode_produce_request(body, version)
+    return decode_generic(ProduceRequest, body, version, ProduceRequest.API_KEY)
+
+
+@api(ProduceRequest, ProduceResponse, 0, 9, decode=decode_request)
 async def handle(broker, context, request):
     acks = request.acks
     results: list[TopicResponse] = []

@@ -20,6 +20,8 @@ class RequestContext:
 
 
 Handler = Callable[["Broker", RequestContext, Any], Awaitable[Any]]
+# A dedicated request decoder: (body, version) -> request; raises MalformedRequest on bad input.
+Decoder = Callable[[memoryview, int], Any]
 
 
 @dataclass(slots=True)
@@ -30,6 +32,7 @@ class Api:
     min_version: int
     max_version: int
     handler: Handler
+    decode: Decoder | None = None  # None: kafka-python's generic decoder of `request`
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
@@ -44,13 +47,13 @@ class Api:
 APIS: dict[int, Api] = {}
 
 
-def api(request: type, response: type, min_version: int, max_version: int):
+def api(request: type, response: type, min_version: int, max_version: int, decode: Decoder | None = None):
     """Register a handler; the versions are exactly what ApiVersions advertises."""
 
     def register(handler: Handler) -> Handler:
         if request.API_KEY in APIS:
             raise RuntimeError(f"API key {request.API_KEY} registered twice")
-        APIS[request.API_KEY] = Api(request.API_KEY, request, response, min_version, max_version, handler)
+        APIS[request.API_KEY] = Api(request.API_KEY, request, response, min_version, max_version, handler, decode)
         return handler
 
     return register

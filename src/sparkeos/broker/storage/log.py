@@ -241,7 +241,7 @@ class PartitionLog:
         """Assign offsets and write; used for producer batches and broker-written markers."""
         self._maybe_roll(sum(len(b) for b in batches))
         next_offset = self.log_end_offset
-        stamped: list[bytearray] = []
+        stamped: list[memoryview | bytearray] = []
         headers: list[BatchHeader] = []
         for batch in batches:
             out = stamp_batch(memoryview(batch), next_offset, LEADER_EPOCH, append_time)
@@ -249,7 +249,7 @@ class PartitionLog:
             stamped.append(out)
             headers.append(header)
             next_offset = header.next_offset
-        self.segments[-1].append(b"".join(stamped), headers)
+        self.segments[-1].append(stamped, headers)
         for header in headers:
             if header.producer_id >= 0:
                 self.producers.record(header)

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, crc_of, parse_header
 
 INDEX_INTERVAL_BYTES = 4096
+_MAX_IOV = 1024  # Linux's IOV_MAX: buffers per pwritev call
 
 
 def segment_path(directory: Path, base_offset: int) -> Path:
@@ -69,11 +70,17 @@ class Segment:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def append(self, data: bytes | bytearray, headers: list[BatchHeader]) -> None:
+    def append(self, batches: list[memoryview | bytearray], headers: list[BatchHeader]) -> None:
+        """Write `batches` (whole, in order) at the end; one gathered write, no joined copy."""
         position = self.size
-        written = os.pwrite(self.fd, data, position)
-        if written != len(data):
-            raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
+        written = 0
+        for start in range(0, len(batches), _MAX_IOV):
+            chunk = batches[start : start + _MAX_IOV]
+            expected = sum(len(batch) for batch in chunk)
+            done = os.pwritev(self.fd, chunk, position + written)
+            if done != expected:
+                raise OSError(f"short write to {self.path}: {done} of {expected} bytes")
+            written += done
         for header in headers:
             self._track(header, position)
             position += header.size
