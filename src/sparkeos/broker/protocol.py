@@ -1,4 +1,5 @@
-"""Kafka wire framing and request headers; message bodies use kafka-python's schema codecs."""
+"""Kafka wire framing and request headers; most message bodies use kafka-python's schema codecs (Produce
+requests and Fetch responses have dedicated ones in their API modules)."""
 
 from __future__ import annotations
 
