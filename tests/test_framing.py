@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import struct
 import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer import ProduceResponse
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.server import MAX_IN_FLIGHT_PER_CONNECTION, STAGING_BYTES
+from test_fetch_long_poll import FETCH_VERSION, parked_fetch, wait_until, waiters_on
 from wire import PRODUCE_VERSION, WireClient, build_batch, produce_request
 
 API_VERSIONS_VERSION = 0
@@ -124,6 +127,54 @@ def test_more_requests_than_the_in_flight_limit_in_one_write(broker: EmbeddedBro
         client.send_raw(b"".join(frame for _, frame in frames))
         read_answers(client, [("api", correlation_id) for correlation_id, _ in frames])
         assert client.api_versions(0).error_code == 0  # the connection still serves
+
+
+def test_requests_sent_before_a_half_close_are_all_answered(broker: EmbeddedBroker) -> None:
+    with WireClient(broker.bootstrap_servers) as client:
+        frames = [api_versions_frame(client) for _ in range(3 * MAX_IN_FLIGHT_PER_CONNECTION)]
+        client.send_raw(b"".join(frame for _, frame in frames))
+        client.sock.shutdown(socket.SHUT_WR)
+        read_answers(client, [("api", correlation_id) for correlation_id, _ in frames])
+        assert client.is_closed_by_peer(5.0)
+
+
+def test_reading_pauses_at_the_in_flight_limit_even_within_one_read(broker: EmbeddedBroker) -> None:
+    """Requests that arrived together are started only as earlier ones are answered."""
+    topic = "framing-in-flight"
+    count = 3 * MAX_IN_FLIGHT_PER_CONNECTION
+    with WireClient(broker.bootstrap_servers) as client, WireClient(broker.bootstrap_servers) as producer:
+        producer.metadata([topic])
+        sent = client.send_raw
+        frames: list[bytes] = []
+        client.send_raw = frames.append  # collect the frames, then send them as one write
+        correlation_ids = [parked_fetch(client, topic) for _ in range(count)]
+        client.send_raw = sent
+        client.send_raw(b"".join(frames))
+        # The limit counts the requests queued for an answer, plus the one being answered.
+        wait_until(lambda: len(waiters_on(broker, topic)) >= MAX_IN_FLIGHT_PER_CONNECTION)
+        time.sleep(0.3)  # more would show up by now if the limit leaked
+        assert len(waiters_on(broker, topic)) <= MAX_IN_FLIGHT_PER_CONNECTION + 1
+        assert producer.produce(topic, 0, build_batch([b"wake"])).error_code == 0
+        for correlation_id in correlation_ids:
+            assert client.receive(FetchResponse, FETCH_VERSION, correlation_id).error_code == 0
+
+
+def test_shutdown_ends_the_requests_of_a_connection_the_client_reset(tmp_path) -> None:
+    topic = "framing-reset"
+    broker = EmbeddedBroker(tmp_path).start()
+    try:
+        client = WireClient(broker.bootstrap_servers)
+        client.metadata([topic])
+        parked_fetch(client, topic)
+        wait_until(lambda: len(waiters_on(broker, topic)) == 1)
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # RST: the broker sees the connection lost while the fetch is parked
+        time.sleep(0.2)
+    finally:
+        started = time.monotonic()
+        broker.stop()
+    assert time.monotonic() - started < 5, "shutdown waited for the parked fetch"
+    assert waiters_on(broker, topic) == set(), "the parked fetch outlived the broker's shutdown"
 
 
 def test_stored_batch_is_the_sent_batch_with_only_the_base_offset_and_epoch_rewritten(

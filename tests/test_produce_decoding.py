@@ -121,10 +121,10 @@ def test_every_truncation_is_malformed(version: int) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_trailing_bytes_are_malformed(version: int) -> None:
+def test_trailing_bytes_are_ignored_as_kafka_does(version: int) -> None:
     body = encoded("null and empty records", version)
-    with pytest.raises(MalformedRequest, match="left over"):
-        decode_produce_request(memoryview(body + b"\x00"), version)
+    padded = body + b"\x00\x07"
+    assert as_plain(decode_produce_request(memoryview(padded), version)) == reference_plain(body, version)
 
 
 @pytest.mark.parametrize("version", [2, 10, -1])
@@ -147,15 +147,9 @@ ONE = struct.pack(">i", 1)
 MALFORMED = {
     # Non-flexible: int32 array counts, int16 string lengths, int32 bytes lengths.
     (8, "topic_data is null"): _v8(struct.pack(">i", -1)),
-    (8, "topic_data has negative length"): _v8(struct.pack(">i", -2)),
     (8, "topic_data.name is null"): _v8(ONE, struct.pack(">h", -1)),
-    (8, "topic_data.name has negative length"): _v8(ONE, struct.pack(">h", -7)),
     (8, "topic_data.name is not valid UTF-8"): _v8(ONE, struct.pack(">h", 2), b"\xc3\x28"),
     (8, "topic_data.partition_data is null"): _v8(ONE, struct.pack(">h", 1), b"t", struct.pack(">i", -1)),
-    (8, "topic_data.partition_data.records has negative length"): _v8(
-        ONE, struct.pack(">h", 1), b"t", ONE, struct.pack(">ii", 0, -2)
-    ),
-    (8, "transactional_id has negative length"): struct.pack(">hhi", -2, 1, 1000) + struct.pack(">i", 0),
     # Flexible: uvarint of length + 1, so 0 is null.
     (9, "topic_data is null"): _v9(b"\x00", b"\x00"),
     (9, "topic_data.name is null"): _v9(b"\x02", b"\x00"),
@@ -163,6 +157,8 @@ MALFORMED = {
     (9, "topic_data.partition_data is null"): _v9(b"\x02", b"\x02t", b"\x00"),
     (9, "topic_data.partition_data.records has a bad length"): _v9(b"\x02", b"\x02t", b"\x02", ONE, b"\xff" * 6),
     (9, "topic_data tagged fields runs past"): _v9(b"\x02", b"\x02t", b"\x01", b"\x01", b"\x05\x09abc"),
+    # Kafka caps every string at 32767 bytes, also where the compact length could say more.
+    (9, "topic_data.name has invalid length 32768"): _v9(b"\x02", b"\x81\x80\x02", b"t" * 32768),
 }
 
 
@@ -170,6 +166,16 @@ MALFORMED = {
 def test_malformed_bodies_name_the_field(version: int, problem: str) -> None:
     with pytest.raises(MalformedRequest, match=f"^Produce v{version}: {problem}"):
         decode_produce_request(memoryview(MALFORMED[version, problem]), version)
+
+
+def test_any_negative_length_reads_as_null_as_in_kafka() -> None:
+    """Kafka's generated readers take every negative length for null: refused where null is not allowed."""
+    with pytest.raises(MalformedRequest, match="^Produce v8: topic_data is null"):
+        decode_produce_request(memoryview(_v8(struct.pack(">i", -2))), 8)
+    with pytest.raises(MalformedRequest, match="^Produce v8: topic_data.name is null"):
+        decode_produce_request(memoryview(_v8(ONE, struct.pack(">h", -7))), 8)
+    body = struct.pack(">hhi", -2, 1, 1000) + _v8(ONE, struct.pack(">h", 1), b"t", ONE, struct.pack(">ii", 0, -2))[8:]
+    assert as_plain(decode_produce_request(memoryview(body), 8)) == (None, 1, 1000, [("t", [(0, None)])])
 
 
 def test_unknown_tagged_fields_are_skipped_at_every_level() -> None:

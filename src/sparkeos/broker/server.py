@@ -59,6 +59,7 @@ class Connection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._reading_done = False
         self._writer: asyncio.Task | None = None
+        self._answering: asyncio.Task | None = None  # the handler task the writer awaits
 
     # -- asyncio.BufferedProtocol ------------------------------------------------------------
 
@@ -76,27 +77,27 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(self._stage)[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        try:
-            if self._frame is not None:
-                self._filled += nbytes
-                if self._filled == len(self._frame):
-                    frame, self._frame = self._frame, None
-                    self._dispatch(frame)
+        if self._frame is not None:
+            self._filled += nbytes
+            if self._filled < len(self._frame):
                 return
+            frame, self._frame = self._frame, None
+            self._receive(self._dispatch, frame)
+        else:
             self._staged += nbytes
-            self._take_staged_frames()
-        except MalformedRequest as exc:
-            log.info("closing connection from %s: %s", self.peer, exc)
-            self._stop_reading()
+            self._receive(self._take_staged_frames)
+        if len(self._responses) >= MAX_IN_FLIGHT_PER_CONNECTION:
+            self._pause_reading()
 
     def eof_received(self) -> bool | None:
+        # Frames received before the EOF are answered, even those the in-flight limit held back.
+        self._receive(self._take_staged_frames, False)
         self._stop_reading()
         return True  # keep the transport open until the responses before the EOF are written
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reading()
         self._can_write.set()  # a writer waiting for the peer to drain gives up instead
-        self.connections.discard(self)
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -106,18 +107,30 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _take_staged_frames(self) -> None:
+    def _receive(self, step, *args) -> None:
+        """Run one reading step; a frame that cannot be understood ends reading on this connection."""
+        if self._reading_done:
+            return
+        try:
+            step(*args)
+        except MalformedRequest as exc:
+            log.info("closing connection from %s: %s", self.peer, exc)
+            self._stop_reading()
+
+    def _take_staged_frames(self, limited: bool = True) -> None:
+        """Dispatch the whole frames in the stage, up to the in-flight limit; keep the rest for later."""
         stage = self._stage
         max_bytes = self.broker.config.max_request_bytes
+        room = MAX_IN_FLIGHT_PER_CONNECTION - len(self._responses) if limited else len(stage)
         pos = 0
-        while self._staged - pos >= _SIZE.size and not self._reading_done:
+        while self._staged - pos >= _SIZE.size and room > 0:
             (size,) = _SIZE.unpack_from(stage, pos)
             if size < 0 or size > max_bytes:
                 raise MalformedRequest(f"request of {size} bytes exceeds socket.request.max.bytes ({max_bytes})")
             start, end = pos + _SIZE.size, pos + _SIZE.size + size
             if end <= self._staged:
                 self._dispatch(bytearray(memoryview(stage)[start:end]))
-                pos = end
+                pos, room = end, room - 1
                 continue
             if _SIZE.size + size > len(stage):
                 # Too big for the stage: the rest of it goes straight from the socket into its own buffer.
@@ -128,14 +141,12 @@ class Connection(asyncio.BufferedProtocol):
             break
         rest = self._staged - pos
         if pos and rest:
-            stage[:rest] = stage[pos : self._staged]
+            stage[:rest] = memoryview(stage)[pos : self._staged]
         self._staged = rest
 
     def _dispatch(self, frame: bytearray) -> None:
         self._responses.append(self._start(memoryview(frame)))
         self._response_queued.set()
-        if len(self._responses) >= MAX_IN_FLIGHT_PER_CONNECTION and not self._reading_paused:
-            self._pause_reading()
 
     def _start(self, frame: memoryview) -> asyncio.Task:
         header = parse_request_header(frame, _request_is_flexible)
@@ -171,6 +182,16 @@ class Connection(asyncio.BufferedProtocol):
         self._responses.append(None)
         self._response_queued.set()
 
+    def _resume_reading(self) -> None:
+        """Below the in-flight limit again: frames held in the stage first, then the socket."""
+        assert self.transport is not None
+        if not self._reading_paused or self._reading_done:
+            return
+        self._receive(self._take_staged_frames)
+        if len(self._responses) < MAX_IN_FLIGHT_PER_CONNECTION and not self._reading_done:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
     # -- answering ---------------------------------------------------------------------------
 
     async def _handle(self, entry, context: RequestContext, request) -> list[bytes | memoryview] | None:
@@ -199,12 +220,15 @@ class Connection(asyncio.BufferedProtocol):
                 task = self._responses.popleft()
                 if task is None:
                     return
-                self._maybe_resume_reading()
+                self._resume_reading()
+                self._answering = task
                 try:
                     payload = await task
                 except Exception:
                     log.exception("request from %s failed; closing the connection", self.peer)
                     return
+                finally:
+                    self._answering = None
                 if payload is None or transport.is_closing():
                     continue
                 for part in payload:
@@ -213,12 +237,8 @@ class Connection(asyncio.BufferedProtocol):
         finally:
             self._cancel_pending()
             transport.close()
-
-    def _maybe_resume_reading(self) -> None:
-        assert self.transport is not None
-        if self._reading_paused and not self._reading_done and len(self._responses) < MAX_IN_FLIGHT_PER_CONNECTION:
-            self._reading_paused = False
-            self.transport.resume_reading()
+            # Tracked until here, not just until the socket closes: shutdown must find its handlers.
+            self.connections.discard(self)
 
     def _cancel_pending(self) -> None:
         while self._responses:
@@ -226,13 +246,15 @@ class Connection(asyncio.BufferedProtocol):
             if task is not None:
                 task.cancel()
 
-    def abort(self) -> asyncio.Task | None:
-        """Broker shutdown: drop the connection now; the client reconnects elsewhere."""
+    def abort(self) -> list[asyncio.Task]:
+        """Broker shutdown: drop the connection now (the client reconnects elsewhere); returns the
+        tasks to wait for, all cancelled."""
         if self.transport is not None:
             self.transport.abort()
-        if self._writer is not None:
-            self._writer.cancel()
-        return self._writer
+        tasks = [t for t in (self._writer, self._answering, *self._responses) if t is not None]
+        for task in tasks:
+            task.cancel()
+        return tasks
 
 
 async def _ready(payload: bytes) -> list[bytes | memoryview]:
@@ -258,6 +280,6 @@ class BrokerServer:
     async def stop(self) -> None:
         if self.server is not None:
             self.server.close()
-        writers = [w for w in (c.abort() for c in list(self.connections)) if w is not None]
-        await asyncio.gather(*writers, return_exceptions=True)
+        tasks = [task for connection in list(self.connections) for task in connection.abort()]
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.broker.close()

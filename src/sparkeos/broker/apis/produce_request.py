@@ -65,8 +65,7 @@ def decode_produce_request(body: memoryview, version: int) -> ProduceRequestData
         reader.skip_tagged_fields("topic_data")
         topic_data.append(TopicProduceData(name, partition_data))
     reader.skip_tagged_fields("request")
-    if reader.pos != reader.end:
-        raise MalformedRequest(f"Produce v{version}: {reader.end - reader.pos} bytes left over after the body")
+    # Bytes after the body are ignored, as Kafka's generated readers and the generic decoder do.
     return ProduceRequestData(transactional_id, acks, timeout_ms, topic_data)
 
 
@@ -107,13 +106,13 @@ class _Reader:
         return value
 
     def length(self, field: str, prefix: struct.Struct) -> int:
-        """A length or count prefix, -1 meaning null: compact (uvarint of n + 1) in flexible versions."""
+        """A length or count prefix, -1 meaning null: compact (uvarint of n + 1) in flexible versions.
+
+        Like Kafka's generated readers, any negative length reads as null."""
         if self.flexible:
             return self.uvarint(field) - 1
         (size,) = self.unpack(prefix, field)
-        if size < -1:
-            raise self.fail(field, f"has negative length {size}")
-        return size
+        return max(size, -1)
 
     def string(self, field: str, nullable: bool) -> str | None:
         size = self.length(field, _INT16)
@@ -121,6 +120,8 @@ class _Reader:
             if nullable:
                 return None
             raise self.fail(field, "is null")
+        if size > 0x7FFF:
+            raise self.fail(field, f"has invalid length {size}")  # Kafka's limit for every string
         try:
             return str(self.take(size, field), "utf-8")
         except UnicodeDecodeError:

@@ -9,7 +9,6 @@ from pathlib import Path
 from ..records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, crc_of, parse_header
 
 INDEX_INTERVAL_BYTES = 4096
-_MAX_IOV = 1024  # Linux's IOV_MAX: buffers per pwritev call
 
 
 def segment_path(directory: Path, base_offset: int) -> Path:
@@ -71,16 +70,13 @@ class Segment:
     # -- writing -----------------------------------------------------------------------------
 
     def append(self, batches: list[memoryview | bytearray], headers: list[BatchHeader]) -> None:
-        """Write `batches` (whole, in order) at the end; one gathered write, no joined copy."""
+        """Write `batches` (whole, in order) at the end in one gathered write, without joining them."""
         position = self.size
-        written = 0
-        for start in range(0, len(batches), _MAX_IOV):
-            chunk = batches[start : start + _MAX_IOV]
-            expected = sum(len(batch) for batch in chunk)
-            done = os.pwritev(self.fd, chunk, position + written)
-            if done != expected:
-                raise OSError(f"short write to {self.path}: {done} of {expected} bytes")
-            written += done
+        expected = sum(len(batch) for batch in batches)
+        written = os.pwritev(self.fd, batches, position)
+        if written != expected:
+            os.ftruncate(self.fd, position)  # a failed append leaves nothing behind for recovery to keep
+            raise OSError(f"short write to {self.path}: {written} of {expected} bytes")
         for header in headers:
             self._track(header, position)
             position += header.size
