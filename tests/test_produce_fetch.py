@@ -28,7 +28,9 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from sparkeos.broker import EmbeddedBroker
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-BASE_TS = 1_700_000_000_000
+# A whole hour, an hour ago: records this old are inside retention.ms (7 days by default). A fixed date
+# long past let the broker's retention delete a test's records between two of its checks.
+BASE_TS = (int(time.time()) // 3600 - 1) * 3600 * 1000
 _BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 
 
