@@ -121,6 +121,7 @@ class Connection(asyncio.BufferedProtocol):
         """Dispatch the whole frames in the stage, up to the in-flight limit; keep the rest for later."""
         stage = self._stage
         max_bytes = self.broker.config.max_request_bytes
+        # Unlimited: no frame is shorter than its 4-byte size, so the stage holds fewer than len(stage) of them.
         room = MAX_IN_FLIGHT_PER_CONNECTION - len(self._responses) if limited else len(stage)
         pos = 0
         while self._staged - pos >= _SIZE.size and room > 0:

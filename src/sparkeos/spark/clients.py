@@ -33,7 +33,6 @@ SPARK_CONF_FOR_ENV = {
 EVICTOR_MAX_INTERVAL_S = 60.0  # Spark's spark.kafka.*.cache.evictorThreadRunInterval
 
 
-
 def idle_timeout_s(variable: str, default: str) -> float:
     """The idle timeout in `variable` (a Spark duration such as 30s or 10m), else `default`."""
     text = os.environ.get(variable) or default
