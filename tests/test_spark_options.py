@@ -41,13 +41,16 @@ def test_defaults_follow_spark_and_read_committed():
     assert parsed.consumer_config()["enable.auto.commit"] == "false"
     # librdkafka's 1 s pause once its queue holds 100,000 records left readers of large ranges idle.
     assert parsed.consumer_config()["fetch.queue.backoff.ms"] == "10"
+    # A range exists before it is read: no long poll at its end to hold up the next range's first Fetch.
+    assert parsed.consumer_config()["fetch.wait.max.ms"] == "10"
     assert source(streaming=False, subscribe="a").starting.kind == "earliest"
 
 
 def test_kafka_options_pass_through_to_the_client():
     parsed = source(subscribe="a", **{"kafka.fetch.max.bytes": "1000", "kafka.isolation.level": "read_uncommitted",
-                                      "kafka.fetch.queue.backoff.ms": "1000"})
+                                      "kafka.fetch.queue.backoff.ms": "1000", "kafka.fetch.wait.max.ms": "500"})
     config = parsed.consumer_config()
+    assert config["fetch.wait.max.ms"] == "500"
     assert config["fetch.max.bytes"] == "1000"
     assert config["fetch.queue.backoff.ms"] == "1000"
     assert config["isolation.level"] == "read_uncommitted"

@@ -409,6 +409,7 @@ class KafkaBatchReader(DataSourceReader):
 # --- reading (executors) ------------------------------------------------------------------------
 
 ROWS_PER_ARROW_BATCH = 8192
+METADATA_TIMEOUT_S = 5.0  # an unreachable cluster then fails the read after kafkaConsumer.pollTimeoutMs
 # One consumer per Python worker and configuration: connections survive from task to task.
 _consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close, CONSUMER_TIMEOUT_ENV, "5m")
 
@@ -469,7 +470,17 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
         yield from _read_assigned(consumer, options, task)
 
 
+def _learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
+    """Fetch the topic's metadata before assigning it: librdkafka looks up a topic it has not seen only on its
+    one-second topic scan, so a cached consumer's first range of a new topic started up to a second late."""
+    try:
+        consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:  # only slower: the assignment finds the leader on librdkafka's own refresh
+        log.debug("metadata of %s not fetched before reading: %s", topic, exc)
+
+
 def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
+    _learn_topic(consumer, task.topic, min(options.poll_timeout_ms / 1000, METADATA_TIMEOUT_S))
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
     builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
     timeout_s = options.poll_timeout_ms / 1000

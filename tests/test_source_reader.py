@@ -1,0 +1,59 @@
+"""The source's executor-side reader without Spark: one cached consumer reading ranges of several topics."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sparkeos.spark import source
+from sparkeos.spark.options import parse_source_options
+from sparkeos.spark.source import KafkaRange, read_range
+
+
+@pytest.fixture
+def reader_cache():
+    yield source._consumers
+    source._consumers.clear()  # before the broker stops
+
+
+def _topic_with_records(bootstrap: str, name: str, count: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the result: its destruction fails the future
+    admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(count):
+        producer.produce(name, value=f"{name}-{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+
+
+def _read(options, topic: str, partition: int, start: int, end: int) -> list[tuple[int, bytes]]:
+    rows = []
+    for batch in read_range(options, KafkaRange(topic, partition, start, end)):
+        rows += zip(batch.column("offset").to_pylist(), batch.column("value").to_pylist(), strict=True)
+    return rows
+
+
+def test_one_cached_consumer_reads_ranges_of_topics_it_has_not_seen(broker, reader_cache):
+    options = parse_source_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": "x"},
+                                   streaming=True)
+    for name in ("reader-a", "reader-b", "reader-c"):
+        _topic_with_records(broker.bootstrap_servers, name, 40)
+    for name in ("reader-a", "reader-b", "reader-c"):
+        # Partition 1 holds records 1, 3, ..., 39 at offsets 0-19; the range ends mid-partition.
+        assert _read(options, name, 1, 2, 12) == [(o, f"{name}-{2 * o + 1}".encode()) for o in range(2, 12)]
+        assert _read(options, name, 0, 0, 20) == [(o, f"{name}-{2 * o}".encode()) for o in range(20)]
+    assert len(reader_cache) == 1  # every range went through the same consumer
+
+
+def test_learning_a_topic_from_an_unreachable_cluster_gives_up_quietly():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "unreachable", "log_level": 0})
+    try:
+        # Only the read itself decides that the cluster is unreachable (after kafkaConsumer.pollTimeoutMs).
+        assert source._learn_topic(consumer, "anything", 0.5) is None
+    finally:
+        consumer.close()
