@@ -70,6 +70,7 @@ log = logging.getLogger("sparkeos.sink")
 
 MARKER_PARTITIONS = 8
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
+METADATA_TIMEOUT_S = 5.0  # a warm-up request only: init_transactions keeps its own timeout
 
 
 # --- driver-side checks -------------------------------------------------------------------------
@@ -249,7 +250,17 @@ class _TransactionalWriter:
         })
         self.consumer = Consumer(consumer_config)
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
+        self._connect_to_a_known_broker()
         self.producer.init_transactions(self.timeout_s)
+
+    def _connect_to_a_known_broker(self) -> None:
+        """librdkafka drops its bootstrap connection once metadata names the brokers; a coordinator lookup
+        made before it connects to one of them waits for its 500 ms retry timer (6 of 24 fresh producers).
+        A metadata request first makes it connect."""
+        try:
+            self.producer.list_topics(self.options.marker_topic, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:  # only slower: init_transactions finds the coordinator, or fails, itself
+            log.debug("metadata before init_transactions of %s failed: %s", self.transactional_id, exc)
 
     def close(self) -> None:
         # Explicitly, not on garbage collection: a traceback may keep this object, and with it the
