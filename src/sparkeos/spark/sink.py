@@ -71,6 +71,8 @@ log = logging.getLogger("sparkeos.sink")
 MARKER_PARTITIONS = 8
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
 METADATA_TIMEOUT_S = 5.0  # a warm-up request only: init_transactions keeps its own timeout
+MARKER_SCAN_BATCH = 1000
+MARKER_SCAN_POLL_S = 0.05
 
 
 # --- driver-side checks -------------------------------------------------------------------------
@@ -233,13 +235,18 @@ def _task_context() -> tuple[int, int, str | None, int]:
     return context.partitionId(), int(batch) if batch is not None else 0, query, context.attemptNumber()
 
 
+def marker_partition(transactional_id: str, marker_partitions: int) -> int:
+    """The marker topic partition that holds `transactional_id`'s markers: fixed for the id."""
+    return zlib.crc32(transactional_id.encode()) % marker_partitions
+
+
 class _TransactionalWriter:
     """One transactional.id's producer and marker reader, cached per Python worker."""
 
     def __init__(self, options: SinkOptions, transactional_id: str, marker_partitions: int):
         self.options = options
         self.transactional_id = transactional_id
-        self.marker = TopicPartition(options.marker_topic, zlib.crc32(transactional_id.encode()) % marker_partitions)
+        self.marker = TopicPartition(options.marker_topic, marker_partition(transactional_id, marker_partitions))
         config = options.producer_config()
         config["transactional.id"] = transactional_id
         self.producer = Producer(config)
@@ -247,6 +254,7 @@ class _TransactionalWriter:
         consumer_config.update({
             "group.id": transactional_id, "isolation.level": "read_committed", "enable.auto.commit": "false",
             "enable.partition.eof": "true", "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": "10",  # scans read only what exists, as the source's readers do
         })
         self.consumer = Consumer(consumer_config)
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
@@ -254,11 +262,13 @@ class _TransactionalWriter:
         self.producer.init_transactions(self.timeout_s)
 
     def _connect_to_a_known_broker(self) -> None:
-        """librdkafka drops its bootstrap connection once metadata names the brokers; a coordinator lookup
-        made before it connects to one of them waits for its 500 ms retry timer (6 of 24 fresh producers).
-        A metadata request first makes it connect."""
+        """librdkafka drops its bootstrap connection once metadata names the brokers, and a coordinator lookup
+        made before it has connected to one of those waits out a 500 ms retry timer (6 of 20 fresh producers).
+        The first metadata request may still go out on the bootstrap connection; the second waits for a
+        connection to a named broker (after it, 0 of 40 waited)."""
         try:
-            self.producer.list_topics(self.options.marker_topic, timeout=METADATA_TIMEOUT_S)
+            for _ in range(2):
+                self.producer.list_topics(self.options.marker_topic, timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:  # only slower: init_transactions finds the coordinator, or fails, itself
             log.debug("metadata before init_transactions of %s failed: %s", self.transactional_id, exc)
 
@@ -298,9 +308,19 @@ class _TransactionalWriter:
 
     def _read_records(self, start: int, end: int) -> Iterator[dict]:
         self.consumer.assign([TopicPartition(self.marker.topic, self.marker.partition, start)])
+        position, idle_since = start, time.monotonic()
         try:
             while True:
-                for message in self.consumer.consume(num_messages=1000, timeout=1.0):
+                # consume() returns early only with num_messages in hand, and control records never count: asking
+                # for 1,000 with a 1 s timeout made every scan of a short range wait one or two seconds.
+                wanted = max(1, min(MARKER_SCAN_BATCH, end - position))
+                messages = self.consumer.consume(num_messages=wanted, timeout=MARKER_SCAN_POLL_S)
+                if messages:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > self.timeout_s:
+                    raise TimeoutError(f"reading {self.marker.topic}-{self.marker.partition} offsets [{start}, {end}) "
+                                       f"got nothing for {self.timeout_s:.0f} s")
+                for message in messages:
                     if message.error() is not None:
                         if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= end:
                             return
@@ -309,6 +329,7 @@ class _TransactionalWriter:
                         continue
                     if message.offset() >= end:
                         return
+                    position = message.offset() + 1
                     if message.key() == self.transactional_id.encode():
                         yield json.loads(message.value())
                     if message.offset() == end - 1:

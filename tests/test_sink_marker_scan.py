@@ -1,0 +1,45 @@
+"""The sink's marker lookup without Spark, when the marker group's offset is gone: a scan of the marker partition."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from confluent_kafka.admin import AdminClient
+
+from sparkeos.spark.options import parse_sink_options
+from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
+
+
+def _commit_batch(writer: _TransactionalWriter, batch: int) -> None:
+    writer.begin(batch)
+    records = pa.RecordBatch.from_pydict({"value": [b"v%d" % batch]})
+    writer.write_and_commit(batch, "query", records, iter(()))
+
+
+def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_control_records(broker, topic_name):
+    options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
+                                  "commitMarkerTopic": f"{topic_name}-markers"})
+    partitions = prepare_exactly_once(options)
+    ours = _TransactionalWriter(options, "scan-ours", partitions)
+    # An id whose markers share our marker partition: its records and commit markers sit between ours.
+    other_id = next(f"scan-other-{i}" for i in range(1000)
+                    if marker_partition(f"scan-other-{i}", partitions) == ours.marker.partition)
+    other = _TransactionalWriter(options, other_id, partitions)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    try:
+        for batch in (3, 4, 7):
+            _commit_batch(ours, batch)
+            _commit_batch(other, batch + 100)
+            _commit_batch(other, batch + 200)
+        assert ours.last_committed_batch() == 7  # from the group offset
+        admin.delete_consumer_groups(["scan-ours"])["scan-ours"].result(30)
+        assert ours.consumer.committed([ours.marker], timeout=30)[0].offset < 0
+        assert ours.last_committed_batch() == 7  # from the marker records
+        assert other.last_committed_batch() == 207
+        fresh = _TransactionalWriter(options, "scan-never-committed", partitions)
+        try:
+            assert fresh.last_committed_batch() is None
+        finally:
+            fresh.close()
+    finally:
+        ours.close()
+        other.close()
