@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.spark import source
@@ -57,3 +57,32 @@ def test_learning_a_topic_from_an_unreachable_cluster_gives_up_quietly():
         assert source._learn_topic(consumer, "anything", 0.5) is None
     finally:
         consumer.close()
+
+
+def test_ranges_ending_at_the_end_of_a_transactional_partition_hold_only_committed_records(broker, reader_cache):
+    bootstrap = broker.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("reader-txn", 1, 1)])["reader-txn"].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "reader-txn"})
+    producer.init_transactions(30)
+    committed = []
+    for txn in range(6):  # each transaction: 3 records and a marker; every other one aborted
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce("reader-txn", value=b"%d-%d" % (txn, i), partition=0)
+        if txn % 2:
+            assert producer.flush(30) == 0  # in the log before the abort, not purged from the client's queue
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed += [b"%d-%d" % (txn, i) for i in range(3)]
+    options = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "x"}, streaming=True)
+    end = 6 * 4  # 3 records and a marker per transaction
+    watermarks = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader-txn-check"})
+    try:
+        assert watermarks.get_watermark_offsets(TopicPartition("reader-txn", 0), timeout=30) == (0, end)
+    finally:
+        watermarks.close()
+    assert [value for _, value in _read(options, "reader-txn", 0, 0, end)] == committed
+    assert [value for _, value in _read(options, "reader-txn", 0, 9, end)] == committed[4:]  # from "2-1"
+    assert _read(options, "reader-txn", 0, 22, end) == []  # aborted records and markers only

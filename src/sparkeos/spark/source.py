@@ -409,6 +409,7 @@ class KafkaBatchReader(DataSourceReader):
 # --- reading (executors) ------------------------------------------------------------------------
 
 ROWS_PER_ARROW_BATCH = 8192
+CONSUME_POLL_S = 0.02
 METADATA_TIMEOUT_S = 5.0  # an unreachable cluster then fails the read after kafkaConsumer.pollTimeoutMs
 # One consumer per Python worker and configuration: connections survive from task to task.
 _consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close, CONSUMER_TIMEOUT_ENV, "5m")
@@ -491,10 +492,12 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
     try:
         done = False
         while not done:
-            # consume() waits for num_messages or the timeout; asking for no more than the range can
-            # still hold (data, markers and the end-of-partition event count) returns without waiting.
+            # consume() waits for num_messages or the timeout. Asking for no more than the range can still
+            # hold usually returns at once, but control records take offsets and never arrive: a range ending
+            # at the end of a transactional partition comes up short, so each wait is kept short (it was 0.2 s,
+            # once per such range).
             wanted = max(min(task.end - next_offset, ROWS_PER_ARROW_BATCH), 1)
-            messages = consumer.consume(num_messages=wanted, timeout=min(timeout_s, 0.2))
+            messages = consumer.consume(num_messages=wanted, timeout=min(timeout_s, CONSUME_POLL_S))
             if not messages:
                 if time.monotonic() - idle_since > timeout_s:
                     raise TimeoutError(
