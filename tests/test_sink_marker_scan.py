@@ -1,4 +1,6 @@
-"""The sink's marker lookup without Spark, when the marker group's offset is gone: a scan of the marker partition."""
+"""The sink's marker lookup without Spark, when the marker group's offset is gone: a scan of the marker partition.
+
+Correctness only; how long a scan takes is measured by benchmarks/pipeline.py, not asserted here."""
 
 from __future__ import annotations
 
@@ -31,9 +33,12 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
             _commit_batch(other, batch + 100)
             _commit_batch(other, batch + 200)
         assert ours.last_committed_batch() == 7  # from the group offset
-        admin.delete_consumer_groups(["scan-ours"])["scan-ours"].result(30)
+        assert other.last_committed_batch() == 207
+        for group in ("scan-ours", other_id):
+            admin.delete_consumer_groups([group])[group].result(30)
         assert ours.consumer.committed([ours.marker], timeout=30)[0].offset < 0
-        assert ours.last_committed_batch() == 7  # from the marker records
+        # From the marker records now: ours sit between the other id's records and everyone's commit markers.
+        assert ours.last_committed_batch() == 7
         assert other.last_committed_batch() == 207
         fresh = _TransactionalWriter(options, "scan-never-committed", partitions)
         try:

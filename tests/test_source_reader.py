@@ -1,4 +1,6 @@
-"""The source's executor-side reader without Spark: one cached consumer reading ranges of several topics."""
+"""The source's executor-side reader without Spark: one cached consumer reading ranges of several topics.
+
+Correctness only; the stalls these paths avoid are measured by benchmarks/pipeline.py, not asserted here."""
 
 from __future__ import annotations
 
@@ -53,8 +55,8 @@ def test_learning_a_topic_from_an_unreachable_cluster_gives_up_quietly():
         port = unused.getsockname()[1]
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "unreachable", "log_level": 0})
     try:
-        # Only the read itself decides that the cluster is unreachable (after kafkaConsumer.pollTimeoutMs).
-        assert source._learn_topic(consumer, "anything", 0.5) is None
+        # Raises nothing: only the read itself reports an unreachable cluster (after kafkaConsumer.pollTimeoutMs).
+        source._learn_topic(consumer, "anything", 0.5)
     finally:
         consumer.close()
 

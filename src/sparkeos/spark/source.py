@@ -410,7 +410,7 @@ class KafkaBatchReader(DataSourceReader):
 
 ROWS_PER_ARROW_BATCH = 8192
 CONSUME_POLL_S = 0.02
-METADATA_TIMEOUT_S = 5.0  # an unreachable cluster then fails the read after kafkaConsumer.pollTimeoutMs
+TOPIC_LOOKUP_TIMEOUT_S = 5.0  # counts towards kafkaConsumer.pollTimeoutMs, after which a read fails
 # One consumer per Python worker and configuration: connections survive from task to task.
 _consumers: ClientCache[Consumer] = ClientCache(8, Consumer.close, CONSUMER_TIMEOUT_ENV, "5m")
 
@@ -473,7 +473,8 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
 
 def _learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
     """Fetch the topic's metadata before assigning it: librdkafka looks up a topic it has not seen only on its
-    one-second topic scan, so a cached consumer's first range of a new topic started up to a second late."""
+    one-second topic scan, so a cached consumer's first range of a new topic started up to a second late.
+    One Metadata round trip per range; consumers never auto-create topics (librdkafka's default for them)."""
     try:
         consumer.list_topics(topic, timeout=timeout_s)
     except KafkaException as exc:  # only slower: the assignment finds the leader on librdkafka's own refresh
@@ -481,11 +482,11 @@ def _learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
 
 
 def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
-    _learn_topic(consumer, task.topic, min(options.poll_timeout_ms / 1000, METADATA_TIMEOUT_S))
+    idle_since = time.monotonic()
+    _learn_topic(consumer, task.topic, min(options.poll_timeout_ms / 1000, TOPIC_LOOKUP_TIMEOUT_S))
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
     builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
     timeout_s = options.poll_timeout_ms / 1000
-    idle_since = time.monotonic()
     next_offset = task.start
     last_offset = task.end - 1
     add = builder.add
