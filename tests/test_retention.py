@@ -143,6 +143,21 @@ def test_retention_ms_expires_the_active_segment(broker: EmbeddedBroker, topic_n
     assert [(m.offset(), m.value()) for m in messages] == [(5, value(5)), (6, value(6))]
 
 
+def test_retention_deletes_only_under_the_delete_policy(broker: EmbeddedBroker, topic_name: str) -> None:
+    bootstrap = broker.bootstrap_servers
+    hour_ago = int(time.time() * 1000) - 3600_000
+    topics = {policy: f"{topic_name}-{policy.replace(',', '-')}" for policy in ("delete", "compact", "compact,delete")}
+    for policy, topic in topics.items():
+        create_topic(bootstrap, topic, {"cleanup.policy": policy, "retention.ms": "60000"})
+        produce(bootstrap, topic, range(5), timestamp_ms=hour_ago)
+    wait_for(lambda: watermarks(bootstrap, topics["delete"]) == (5, 5))
+    wait_for(lambda: watermarks(bootstrap, topics["compact,delete"]) == (5, 5))
+    # The same housekeeping passes left the compact-only topic whole, as Kafka's retention does.
+    assert watermarks(bootstrap, topics["compact"]) == (0, 5)
+    messages = consume_from(bootstrap, topics["compact"], 0, "error", 5)
+    assert [(m.offset(), m.value()) for m in messages] == [(i, value(i)) for i in range(5)]
+
+
 def test_log_start_survives_kill_and_restart(tmp_path: Path, topic_name: str) -> None:
     process = BrokerProcess(tmp_path / "broker")
     process.start()

@@ -83,10 +83,13 @@ def log_config(configs: dict[str, str]) -> LogConfig:
     def get(key: str) -> str:
         return configs.get(key, TOPIC_CONFIG_DEFAULTS[key])
 
+    # As in Kafka, retention deletes segments only under the delete policy. A compact-only topic keeps
+    # everything here (there is no compaction): more than Kafka keeps, never less.
+    deletes = "delete" in get("cleanup.policy").split(",")
     return LogConfig(
         segment_bytes=int(get("segment.bytes")),
-        retention_ms=int(get("retention.ms")),
-        retention_bytes=int(get("retention.bytes")),
+        retention_ms=int(get("retention.ms")) if deletes else -1,
+        retention_bytes=int(get("retention.bytes")) if deletes else -1,
         log_append_time=get("message.timestamp.type") == "LogAppendTime",
         max_message_bytes=int(get("max.message.bytes")),
     )
