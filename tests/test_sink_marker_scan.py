@@ -1,11 +1,12 @@
-"""The sink's marker lookup without Spark, when the marker group's offset is gone: a scan of the marker partition.
-
-Correctness only; how long a scan takes is measured by benchmarks/pipeline.py, not asserted here."""
+"""The sink's marker topic without Spark: the scan for markers when the marker group's offset is gone, and the
+check that a marker topic keeps its markers. Correctness only: how long a scan takes is measured by
+benchmarks/pipeline.py, not asserted here."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-from confluent_kafka.admin import AdminClient
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
@@ -48,3 +49,30 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
     finally:
         ours.close()
         other.close()
+
+
+def _sink_options(bootstrap: str, marker_topic: str):
+    return parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": "out", "commitMarkerTopic": marker_topic})
+
+
+def test_a_marker_topic_whose_markers_would_expire_is_refused_naming_the_option(broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    made = {
+        f"{topic_name}-expiring": {"cleanup.policy": "delete"},  # Kafka's default 7-day retention.ms
+        f"{topic_name}-by-size": {"cleanup.policy": "compact,delete", "retention.ms": "-1",
+                                  "retention.bytes": "1000000"},
+        f"{topic_name}-compacted": {"cleanup.policy": "compact"},
+        f"{topic_name}-kept": {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
+    }
+    for future in admin.create_topics([NewTopic(n, 2, config=c) for n, c in made.items()]).values():
+        future.result(30)
+    for name, setting in ((f"{topic_name}-expiring", "retention.ms=604800000"),
+                          (f"{topic_name}-by-size", "retention.bytes=1000000")):
+        with pytest.raises(ValueError) as refused:
+            prepare_exactly_once(_sink_options(broker.bootstrap_servers, name))
+        message = str(refused.value)
+        assert "commitMarkerTopic" in message and setting in message and name in message
+    for name in (f"{topic_name}-compacted", f"{topic_name}-kept"):
+        assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, name)) == 2
+    # The topic the sink creates itself passes its own check.
+    assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, f"{topic_name}-created")) == 8

@@ -118,13 +118,17 @@ class KafkaCluster:
 
     def broker_config(self, name: str) -> str | None:
         brokers = self._broker_ids()
-        resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
+        return self._describe(ConfigResource(ResourceType.BROKER, str(brokers[0])), f"broker {brokers[0]}").get(name)
+
+    def topic_configs(self, topic: str) -> dict[str, str]:
+        return self._describe(ConfigResource(ResourceType.TOPIC, topic), f"topic {topic!r}")
+
+    def _describe(self, resource: ConfigResource, what: str) -> dict[str, str]:
         futures = self.admin.describe_configs([resource], request_timeout=self.timeout_s)
         result = self._wait(futures, "a DescribeConfigs request")[resource]
         if isinstance(result, Exception):
-            raise RuntimeError(f"describing broker {brokers[0]} configs failed: {result}")
-        entry = result.get(name)
-        return entry.value if entry is not None else None
+            raise RuntimeError(f"describing {what} configs failed: {result}")
+        return {name: entry.value for name, entry in result.items() if entry.value is not None}
 
     def _broker_ids(self) -> list[int]:
         try:

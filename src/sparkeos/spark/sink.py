@@ -16,9 +16,9 @@ Protocol
    records of (B, p), in two forms: the offset B+1 of group ``T`` on partition
    ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
    require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
-   ``commitMarkerTopic``, a compacted topic without time retention. Group offsets expire after
-   ``offsets.retention.minutes`` of an idle group; the record does not, and is read when the group
-   offset is missing.
+   ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
+   expire records is refused at query start). Group offsets expire after ``offsets.retention.minutes``
+   of an idle group; the record does not, and is read when the group offset is missing.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
    marker is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
@@ -119,8 +119,26 @@ def prepare_exactly_once(options: SinkOptions) -> int:
             f"(or raise transaction.max.timeout.ms on the brokers)"
         )
     partitions = cluster.ensure_topic(options.marker_topic, MARKER_PARTITIONS, MARKER_TOPIC_CONFIG)
+    _check_markers_never_expire(cluster, options.marker_topic)
     _prepared[key] = partitions
     return partitions
+
+
+def _check_markers_never_expire(cluster: KafkaCluster, topic: str) -> None:
+    """A marker topic made beforehand by someone else must keep every marker, as the one the sink creates does:
+    an expired marker, once its group offset has expired too, lets a replayed batch be written twice."""
+    configs = cluster.topic_configs(topic)
+    if "delete" not in configs.get("cleanup.policy", "delete").split(","):
+        return
+    expiring = {name: configs[name] for name in ("retention.ms", "retention.bytes")
+                if name in configs and int(configs[name]) >= 0}
+    if expiring:
+        settings = ", ".join(f"{name}={value}" for name, value in expiring.items())
+        raise ValueError(
+            f"the commit marker topic {topic!r} (sink option 'commitMarkerTopic') has cleanup.policy="
+            f"{configs['cleanup.policy']} and {settings}, so its markers expire: give it cleanup.policy=compact, "
+            f"or retention.ms=-1 and retention.bytes=-1, or name a topic the sink may create"
+        )
 
 
 # --- commit messages ----------------------------------------------------------------------------
