@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
@@ -76,3 +76,28 @@ def test_a_marker_topic_whose_markers_would_expire_is_refused_naming_the_option(
         assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, name)) == 2
     # The topic the sink creates itself passes its own check.
     assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, f"{topic_name}-created")) == 8
+
+
+def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topic(broker, topic_name):
+    """Adding partitions moves an id's home marker partition (crc32 mod n): the newest commit, on the old
+    partition, must still be found, or a replayed batch would be written twice."""
+    marker_topic = f"{topic_name}-markers"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(marker_topic, 2, config={"cleanup.policy": "compact"})])[marker_topic].result(30)
+    options = _sink_options(broker.bootstrap_servers, marker_topic)
+    tid = next(t for t in (f"moved-{i}" for i in range(1000)) if marker_partition(t, 2) != marker_partition(t, 5))
+    before = _TransactionalWriter(options, tid, prepare_exactly_once(options))
+    try:
+        for batch in (3, 4):
+            _commit_batch(before, batch)
+    finally:
+        before.close()
+    admin.create_partitions([NewPartitions(marker_topic, 5)])[marker_topic].result(30)
+    after = _TransactionalWriter(options, tid, 5)
+    try:
+        assert after.marker.partition != marker_partition(tid, 2)
+        assert after.last_committed_batch() == 4
+        _commit_batch(after, 5)
+        assert after.last_committed_batch() == 5
+    finally:
+        after.close()

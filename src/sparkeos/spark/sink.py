@@ -18,7 +18,10 @@ Protocol
    require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
    ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
    expire records is refused at query start). Group offsets expire after ``offsets.retention.minutes``
-   of an idle group; the record does not, and is read when the group offset is missing.
+   of an idle group; the record does not, and is read when the group offset is missing. Group T's
+   offsets are read on every marker partition and the newest wins (batches only grow), so partitions
+   added to the marker topic, which move T's home partition, cannot hide its last commit while the
+   group offset lives.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
    marker is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
@@ -265,6 +268,7 @@ class _TransactionalWriter:
         self.options = options
         self.transactional_id = transactional_id
         self.marker = TopicPartition(options.marker_topic, marker_partition(transactional_id, marker_partitions))
+        self.marker_partitions = marker_partitions
         config = options.producer_config()
         config["transactional.id"] = transactional_id
         self.producer = Producer(config)
@@ -299,11 +303,16 @@ class _TransactionalWriter:
         self.producer.close()
 
     def last_committed_batch(self) -> int | None:
-        committed = self.consumer.committed([self.marker], timeout=self.timeout_s)[0]
-        if committed.error is not None:
-            raise KafkaException(committed.error)
-        if committed.offset >= 0:
-            return committed.offset - 1
+        # Every partition, in one OffsetFetch: if partitions were added to the marker topic since T last
+        # committed, T's home partition moved and its newest offset sits on the old one.
+        everywhere = [TopicPartition(self.marker.topic, p) for p in range(self.marker_partitions)]
+        newest = -1
+        for committed in self.consumer.committed(everywhere, timeout=self.timeout_s):
+            if committed.error is not None:
+                raise KafkaException(committed.error)
+            newest = max(newest, committed.offset)
+        if newest >= 0:
+            return newest - 1
         return self._scan_marker_records()
 
     def _scan_marker_records(self) -> int | None:
