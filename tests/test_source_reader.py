@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.spark import source
+from sparkeos.spark.cluster import learn_topic
 from sparkeos.spark.options import parse_source_options
 from sparkeos.spark.source import KafkaRange, read_range
 
@@ -56,7 +57,7 @@ def test_learning_a_topic_from_an_unreachable_cluster_gives_up_quietly():
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "unreachable", "log_level": 0})
     try:
         # Raises nothing: only the read itself reports an unreachable cluster (after kafkaConsumer.pollTimeoutMs).
-        source._learn_topic(consumer, "anything", 0.5)
+        learn_topic(consumer, "anything", 0.5)
     finally:
         consumer.close()
 

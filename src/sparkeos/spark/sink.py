@@ -65,7 +65,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from . import failpoints
 from .clients import PRODUCER_TIMEOUT_ENV, ClientCache
-from .cluster import KafkaCluster, connection_config
+from .cluster import KafkaCluster, connection_config, learn_topic
 from .options import SinkOptions
 from .source import HEADERS_TYPE
 
@@ -335,6 +335,8 @@ class _TransactionalWriter:
         return found
 
     def _read_records(self, start: int, end: int) -> Iterator[dict]:
+        # Without it, a scan of a few markers took 0.86-0.96 s, in 2 of 6 new queries' first tasks.
+        learn_topic(self.consumer, self.marker.topic, min(self.timeout_s, BROKER_WARMUP_TIMEOUT_S))
         self.consumer.assign([TopicPartition(self.marker.topic, self.marker.partition, start)])
         position, idle_since = start, time.monotonic()
         try:

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - older pyspark
     SupportsTriggerAvailableNow = object  # type: ignore[misc,assignment]
 
 from .clients import CONSUMER_TIMEOUT_ENV, ClientCache
-from .cluster import KafkaCluster
+from .cluster import KafkaCluster, learn_topic
 from .options import EARLIEST, LATEST, SourceOptions, StartSpec
 
 log = logging.getLogger("sparkeos.source")
@@ -471,19 +471,9 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
         yield from _read_assigned(consumer, options, task)
 
 
-def _learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
-    """Fetch the topic's metadata before assigning it: librdkafka looks up a topic it has not seen only on its
-    one-second topic scan, so a cached consumer's first range of a new topic started up to a second late.
-    One Metadata round trip per range; consumers never auto-create topics (librdkafka's default for them)."""
-    try:
-        consumer.list_topics(topic, timeout=timeout_s)
-    except KafkaException as exc:  # only slower: the assignment finds the leader on librdkafka's own refresh
-        log.debug("metadata of %s not fetched before reading: %s", topic, exc)
-
-
 def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
     idle_since = time.monotonic()
-    _learn_topic(consumer, task.topic, min(options.poll_timeout_ms / 1000, TOPIC_LOOKUP_TIMEOUT_S))
+    learn_topic(consumer, task.topic, min(options.poll_timeout_ms / 1000, TOPIC_LOOKUP_TIMEOUT_S))
     consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
     builder = _ArrowBuilder(task.topic, task.partition, options.include_headers)
     timeout_s = options.poll_timeout_ms / 1000
