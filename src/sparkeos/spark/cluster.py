@@ -7,12 +7,22 @@ bounded: an unreachable cluster is an error naming the bootstrap servers, never 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
+
+log = logging.getLogger("sparkeos.cluster")
 
 DEFAULT_TIMEOUT_S = 30.0
 WARMUP_TIMEOUT_S = 5.0  # a warm-up request only (and at most a quarter of the timeout): real calls keep theirs
@@ -24,14 +34,14 @@ class KafkaUnavailable(RuntimeError):
     """The cluster could not be reached or did not answer in time."""
 
 
-def learn_topic(client, topic: str, timeout_s: float) -> None:
+def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
     """Fetch a topic's metadata before a consumer assigns it: librdkafka looks up a topic it has not seen
     only on its one-second topic scan, so the first read of a new topic started up to a second late.
     One Metadata round trip; consumers never auto-create topics (librdkafka's default for them)."""
     try:
-        client.list_topics(topic, timeout=timeout_s)
-    except KafkaException:
-        pass  # only slower: the assignment finds the leader on librdkafka's own refresh
+        consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:  # only slower: the assignment finds the leader on librdkafka's own refresh
+        log.debug("metadata of %s not fetched before reading: %s", topic, exc)
 
 
 def connection_config(config: dict[str, str]) -> dict[str, str]:
@@ -54,8 +64,8 @@ class KafkaCluster:
         (measured, not promised by librdkafka). After one metadata request first: 0 of 40, for about 50 ms."""
         try:
             self.admin.list_topics(timeout=min(self.timeout_s / 4, WARMUP_TIMEOUT_S))
-        except KafkaException:
-            pass  # only slower: the real request waits for the cluster, or fails naming it, itself
+        except KafkaException as exc:  # only slower: the real request waits for the cluster, or fails naming it
+            log.debug("metadata warm-up of %s failed: %s", self.bootstrap_servers, exc)
 
     def _wait(self, futures: dict, what: str) -> dict:
         results = {}
