@@ -65,7 +65,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from . import failpoints
 from .clients import PRODUCER_TIMEOUT_ENV, ClientCache
-from .cluster import KafkaCluster, connection_config, learn_topic
+from .cluster import WARMUP_TIMEOUT_S, KafkaCluster, connect_to_a_known_broker, connection_config, learn_topic
 from .options import SinkOptions
 from .source import HEADERS_TYPE
 
@@ -73,7 +73,6 @@ log = logging.getLogger("sparkeos.sink")
 
 MARKER_PARTITIONS = 8
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
-BROKER_WARMUP_TIMEOUT_S = 5.0  # a warm-up request only: init_transactions keeps its own timeout
 MARKER_SCAN_BATCH = 1000
 MARKER_SCAN_POLL_S = 0.05
 
@@ -280,20 +279,11 @@ class _TransactionalWriter:
         })
         self.consumer = Consumer(consumer_config)
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
-        self._connect_to_a_known_broker()
+        # A coordinator lookup before the producer reached a known broker waited out a 500 ms retry timer for
+        # 6 of 20 fresh producers; after two metadata requests (the first can still go out on the bootstrap
+        # connection), 0 of 100 did.
+        connect_to_a_known_broker(self.producer, 2, WARMUP_TIMEOUT_S, f"the producer of {transactional_id}")
         self.producer.init_transactions(self.timeout_s)
-
-    def _connect_to_a_known_broker(self) -> None:
-        """librdkafka drops its bootstrap connection once metadata names the brokers, and a coordinator lookup
-        made before it has connected to one of those waits out a 500 ms retry timer: 6 of 20 fresh producers
-        did. Measured, not promised by librdkafka: after two metadata requests first, 0 of 100 waited (the
-        first can still go out on the bootstrap connection). Requests for no topic in particular, so that a
-        producer, which librdkafka lets auto-create topics, never creates one here."""
-        try:
-            for _ in range(2):
-                self.producer.list_topics(timeout=BROKER_WARMUP_TIMEOUT_S)
-        except KafkaException as exc:  # only slower: init_transactions finds the coordinator, or fails, itself
-            log.debug("metadata before init_transactions of %s failed: %s", self.transactional_id, exc)
 
     def close(self) -> None:
         # Explicitly, not on garbage collection: a traceback may keep this object, and with it the
@@ -336,7 +326,7 @@ class _TransactionalWriter:
 
     def _read_records(self, start: int, end: int) -> Iterator[dict]:
         # Without it, a scan of a few markers took 0.86-0.96 s, in 2 of 6 new queries' first tasks.
-        learn_topic(self.consumer, self.marker.topic, min(self.timeout_s, BROKER_WARMUP_TIMEOUT_S))
+        learn_topic(self.consumer, self.marker.topic, min(self.timeout_s, WARMUP_TIMEOUT_S))
         self.consumer.assign([TopicPartition(self.marker.topic, self.marker.partition, start)])
         position, idle_since = start, time.monotonic()
         try:
