@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from sparkeos.spark.options import parse_sink_options
@@ -98,6 +99,39 @@ def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topi
         assert after.marker.partition != marker_partition(tid, 2)
         assert after.last_committed_batch() == 4
         _commit_batch(after, 5)
+        assert after.last_committed_batch() == 5
+    finally:
+        after.close()
+
+
+def test_the_last_commit_is_found_in_the_marker_records_after_partitions_were_added_and_offsets_expired(
+        broker, topic_name):
+    """The marker records, read once the group offsets expired, must be looked for on every partition too:
+    T's newest record may sit on its home partition of before partitions were added."""
+    marker_topic = f"{topic_name}-markers"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(marker_topic, 2, config={"cleanup.policy": "compact"})])[marker_topic].result(30)
+    options = _sink_options(broker.bootstrap_servers, marker_topic)
+    tid = next(t for t in (f"moved-{i}" for i in range(1000)) if marker_partition(t, 2) != marker_partition(t, 5))
+    before = _TransactionalWriter(options, tid, 2)
+    try:
+        for batch in (3, 4):
+            _commit_batch(before, batch)
+    finally:
+        before.close()
+    admin.create_partitions([NewPartitions(marker_topic, 5)])[marker_topic].result(30)
+    after = _TransactionalWriter(options, tid, 5)
+    try:
+        everywhere = [TopicPartition(marker_topic, p) for p in range(5)]
+
+        def expire_offsets() -> None:
+            admin.delete_consumer_groups([tid])[tid].result(30)
+            assert all(c.offset < 0 for c in after.consumer.committed(everywhere, timeout=30))
+
+        expire_offsets()
+        assert after.last_committed_batch() == 4
+        _commit_batch(after, 5)  # now on the new home partition, below nothing of T's
+        expire_offsets()
         assert after.last_committed_batch() == 5
     finally:
         after.close()

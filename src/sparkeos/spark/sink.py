@@ -18,10 +18,9 @@ Protocol
    require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
    ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
    expire records is refused at query start). Group offsets expire after ``offsets.retention.minutes``
-   of an idle group; the record does not, and is read when the group offset is missing. Group T's
-   offsets are read on every marker partition and the newest wins (batches only grow), so partitions
-   added to the marker topic, which move T's home partition, cannot hide its last commit while the
-   group offset lives.
+   of an idle group; the record does not, and is read when the group offset is missing. Both are read
+   on every marker partition and the newest wins (batches only grow), so partitions added to the
+   marker topic, which move T's home partition, cannot hide T's last commit.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
    marker is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
@@ -306,56 +305,71 @@ class _TransactionalWriter:
         return self._scan_marker_records()
 
     def _scan_marker_records(self) -> int | None:
-        """The newest marker record of T, for when the group offset is gone (or never existed)."""
+        """The newest marker record of T, for when the group offset is gone (or never existed).
+
+        Every partition is read, like the group offsets: T's records before a partition was added sit on
+        its old home partition, possibly above newer ones of another era on its current one."""
         cluster = KafkaCluster(self.options.producer_config())
-        tp = (self.marker.topic, self.marker.partition)
+        everywhere = [(self.marker.topic, p) for p in range(self.marker_partitions)]
         # Our last marker may sit above another id's open transaction: wait until everything written so
         # far is decided, so the read_committed read below cannot stop short of it.
-        high = cluster.latest([tp], read_committed=False)[tp]
+        high = cluster.latest(everywhere, read_committed=False)
         deadline = time.monotonic() + self.timeout_s
-        while (stable := cluster.latest([tp], read_committed=True)[tp]) < high:
+        while unstable := [tp for tp, stable in cluster.latest(everywhere, read_committed=True).items()
+                           if stable < high[tp]]:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.marker.topic}-{self.marker.partition} stayed unstable below {high}")
+                raise TimeoutError(f"{', '.join(f'{t}-{p}' for t, p in unstable)} stayed unstable below "
+                                   f"{', '.join(str(high[tp]) for tp in unstable)}")
             time.sleep(0.05)
-        start = cluster.earliest([tp])[tp]
-        found = None
-        if start < stable:
-            for value in self._read_records(start, stable):
-                found = value["batch"]
-        return found
+        start = cluster.earliest(everywhere)
+        ranges = {tp: (start[tp], high[tp]) for tp in everywhere if start[tp] < high[tp]}
+        return max((value["batch"] for value in self._read_records(ranges)), default=None)
 
-    def _read_records(self, start: int, end: int) -> Iterator[dict]:
+    def _read_records(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> Iterator[dict]:
+        """T's marker records in the offset ranges [start, end) given per partition."""
+        if not ranges:
+            return
         # Without it, a scan of a few markers took 0.86-0.96 s, in 2 of 6 new queries' first tasks.
         learn_topic(self.consumer, self.marker.topic, min(self.timeout_s, WARMUP_TIMEOUT_S))
-        self.consumer.assign([TopicPartition(self.marker.topic, self.marker.partition, start)])
-        position, idle_since = start, time.monotonic()
+        self.consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in ranges.items()])
+        ends = {tp: end for tp, (_, end) in ranges.items()}
+        position = {tp: start for tp, (start, _) in ranges.items()}
+        idle_since = time.monotonic()
+        key = self.transactional_id.encode()
         try:
-            while True:
+            while ends:
                 # consume() returns early only with num_messages in hand, and control records never count: asking
                 # for 1,000 with a 1 s timeout made every scan of a short range wait one or two seconds.
-                wanted = max(1, min(MARKER_SCAN_BATCH, end - position))
+                wanted = max(1, min(MARKER_SCAN_BATCH, sum(ends[tp] - position[tp] for tp in ends)))
                 messages = self.consumer.consume(num_messages=wanted, timeout=MARKER_SCAN_POLL_S)
                 if messages:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > self.timeout_s:
-                    raise TimeoutError(f"reading {self.marker.topic}-{self.marker.partition} offsets [{start}, {end}) "
-                                       f"got nothing for {self.timeout_s:.0f} s")
+                    raise TimeoutError(f"reading {self._describe_ranges(ends, position)} got nothing for "
+                                       f"{self.timeout_s:.0f} s")
                 for message in messages:
-                    if message.error() is not None:
-                        if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= end:
-                            return
-                        if message.error().code() != KafkaError._PARTITION_EOF:
-                            raise KafkaException(message.error())
+                    tp = (message.topic(), message.partition())
+                    if tp not in ends:
                         continue
-                    if message.offset() >= end:
-                        return
-                    position = message.offset() + 1
-                    if message.key() == self.transactional_id.encode():
-                        yield json.loads(message.value())
-                    if message.offset() == end - 1:
-                        return
+                    error = message.error()
+                    if error is None:
+                        position[tp] = message.offset() + 1
+                        if message.key() == key and message.offset() < ends[tp]:
+                            yield json.loads(message.value())
+                        finished = position[tp] >= ends[tp]
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        # What remained below the end was control records or aborted data.
+                        finished = message.offset() >= ends[tp]
+                    else:
+                        raise KafkaException(error)
+                    if finished:
+                        del ends[tp]
         finally:
             self.consumer.unassign()
+
+    @staticmethod
+    def _describe_ranges(ends: dict[tuple[str, int], int], position: dict[tuple[str, int], int]) -> str:
+        return ", ".join(f"{t}-{p} offsets [{position[(t, p)]}, {end})" for (t, p), end in ends.items())
 
     def begin(self, batch: int) -> None:
         """Open the transaction with the marker offset first: a synchronous round trip that fails here,
