@@ -79,13 +79,13 @@ def test_a_marker_topic_whose_markers_would_expire_is_refused_naming_the_option(
     assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, f"{topic_name}-created")) == 8
 
 
-def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topic(broker, topic_name):
-    """Adding partitions moves an id's home marker partition (crc32 mod n): the newest commit, on the old
-    partition, must still be found, or a replayed batch would be written twice."""
+def _writer_after_the_marker_topic_grew(bootstrap: str, topic_name: str) -> tuple[AdminClient, _TransactionalWriter]:
+    """An id that committed batches 3 and 4 on a 2-partition marker topic, grown to 5 partitions since, which
+    moved the id's home partition; its writer for 5 partitions."""
     marker_topic = f"{topic_name}-markers"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(marker_topic, 2, config={"cleanup.policy": "compact"})])[marker_topic].result(30)
-    options = _sink_options(broker.bootstrap_servers, marker_topic)
+    options = _sink_options(bootstrap, marker_topic)
     tid = next(t for t in (f"moved-{i}" for i in range(1000)) if marker_partition(t, 2) != marker_partition(t, 5))
     before = _TransactionalWriter(options, tid, prepare_exactly_once(options))
     try:
@@ -95,8 +95,15 @@ def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topi
         before.close()
     admin.create_partitions([NewPartitions(marker_topic, 5)])[marker_topic].result(30)
     after = _TransactionalWriter(options, tid, 5)
+    assert after.marker.partition != marker_partition(tid, 2)
+    return admin, after
+
+
+def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topic(broker, topic_name):
+    """Adding partitions moves an id's home marker partition (crc32 mod n): the newest commit, on the old
+    partition, must still be found, or a replayed batch would be written twice."""
+    _, after = _writer_after_the_marker_topic_grew(broker.bootstrap_servers, topic_name)
     try:
-        assert after.marker.partition != marker_partition(tid, 2)
         assert after.last_committed_batch() == 4
         _commit_batch(after, 5)
         assert after.last_committed_batch() == 5
@@ -108,29 +115,17 @@ def test_the_last_commit_is_found_in_the_marker_records_after_partitions_were_ad
         broker, topic_name):
     """The marker records, read once the group offsets expired, must be looked for on every partition too:
     T's newest record may sit on its home partition of before partitions were added."""
-    marker_topic = f"{topic_name}-markers"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(marker_topic, 2, config={"cleanup.policy": "compact"})])[marker_topic].result(30)
-    options = _sink_options(broker.bootstrap_servers, marker_topic)
-    tid = next(t for t in (f"moved-{i}" for i in range(1000)) if marker_partition(t, 2) != marker_partition(t, 5))
-    before = _TransactionalWriter(options, tid, 2)
+    admin, after = _writer_after_the_marker_topic_grew(broker.bootstrap_servers, topic_name)
     try:
-        for batch in (3, 4):
-            _commit_batch(before, batch)
-    finally:
-        before.close()
-    admin.create_partitions([NewPartitions(marker_topic, 5)])[marker_topic].result(30)
-    after = _TransactionalWriter(options, tid, 5)
-    try:
-        everywhere = [TopicPartition(marker_topic, p) for p in range(5)]
+        everywhere = [TopicPartition(after.marker.topic, p) for p in range(5)]
 
         def expire_offsets() -> None:
-            admin.delete_consumer_groups([tid])[tid].result(30)
+            admin.delete_consumer_groups([after.transactional_id])[after.transactional_id].result(30)
             assert all(c.offset < 0 for c in after.consumer.committed(everywhere, timeout=30))
 
         expire_offsets()
         assert after.last_committed_batch() == 4
-        _commit_batch(after, 5)  # now on the new home partition, below nothing of T's
+        _commit_batch(after, 5)  # on the new home partition; the old one still ends with batch 4
         expire_offsets()
         assert after.last_committed_batch() == 5
     finally:
