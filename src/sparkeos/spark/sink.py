@@ -307,8 +307,8 @@ class _TransactionalWriter:
     def _scan_marker_records(self) -> int | None:
         """The newest marker record of T, for when the group offset is gone (or never existed).
 
-        Every partition is read, like the group offsets: T's records before a partition was added sit on
-        its old home partition, possibly above newer ones of another era on its current one."""
+        Every partition is read, as for the group offsets: the records T wrote before partitions were added
+        sit on its old home partition."""
         cluster = KafkaCluster(self.options.producer_config())
         everywhere = [(self.marker.topic, p) for p in range(self.marker_partitions)]
         # Our last marker may sit above another id's open transaction: wait until everything written so
