@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkeos.spark.cluster import connection_config
 from sparkeos.spark.options import (
     EARLIEST,
     LATEST,
@@ -55,6 +56,18 @@ def test_kafka_options_pass_through_to_the_client():
     assert config["fetch.queue.backoff.ms"] == "1000"
     assert config["isolation.level"] == "read_uncommitted"
     assert parsed.read_committed is False
+
+
+def test_every_client_reaches_a_new_broker_after_25_ms_not_50():
+    # librdkafka waits half of reconnect.backoff.ms before its first connection to a broker named by metadata.
+    consumer = source(subscribe="a").consumer_config()
+    producer = sink(topic="out").producer_config()
+    assert consumer["reconnect.backoff.ms"] == producer["reconnect.backoff.ms"] == "50"
+    # The sink's marker consumer and the driver's admin clients take the connection settings from these.
+    assert connection_config(producer)["reconnect.backoff.ms"] == "50"
+    assert connection_config(consumer)["reconnect.backoff.ms"] == "50"
+    assert sink(topic="out", **{"kafka.reconnect.backoff.ms": "200"}).producer_config()["reconnect.backoff.ms"] == "200"
+    assert source(subscribe="a", **{"kafka.reconnect.backoff.ms": "5"}).consumer_config()["reconnect.backoff.ms"] == "5"
 
 
 def test_group_id_turns_on_commit_offsets_to_group():

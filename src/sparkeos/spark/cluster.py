@@ -71,7 +71,8 @@ class KafkaCluster:
         self.timeout_s = timeout_s
         self.admin = AdminClient(connection_config(config))
         # Without it, a fresh client's first ListOffsets waited 1 to 3 s for 8 of 40 clients against the
-        # embedded broker; after one metadata request, 0 of 40, for about 50 ms.
+        # embedded broker; after one metadata request, 0 of 40, for about 50 ms (30 ms with the connector's
+        # reconnect.backoff.ms, see options.CONNECTION_DEFAULTS).
         connect_to_a_known_broker(self.admin, 1, min(self.timeout_s / 4, WARMUP_TIMEOUT_S), self.bootstrap_servers)
 
     def _wait(self, futures: dict, what: str) -> dict:

@@ -22,6 +22,12 @@ LATEST = -1
 DEFAULT_MARKER_TOPIC = "_sparkeos_sink_commits"
 
 
+# A new librdkafka client connects to a broker it learned from metadata only after half of reconnect.backoff.ms:
+# with librdkafka's 100 ms, every new consumer, producer and admin client waited 52 ms once (measured against the
+# embedded broker; 26 ms at 50). 50 ms is the Java client's default, which Spark's own Kafka connector runs with.
+CONNECTION_DEFAULTS = {"reconnect.backoff.ms": "50"}
+
+
 class OptionError(ValueError):
     """A `sparkeos.kafka` option is missing, unknown, malformed or contradicts another one."""
 
@@ -89,6 +95,7 @@ class SourceOptions:
             # consumer sends one Fetch at a time, and a newly assigned partition waited out the previous range's
             # 500 ms wait (a 500-record task took 0.5 s instead of 12 ms).
             "fetch.wait.max.ms": "10",
+            **CONNECTION_DEFAULTS,
         }
         config.update(self.kafka)
         config["bootstrap.servers"] = self.bootstrap_servers
@@ -115,7 +122,7 @@ class SinkOptions:
     kafka: dict[str, str] = field(default_factory=dict)
 
     def producer_config(self) -> dict[str, str]:
-        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": "5"}
+        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": "5", **CONNECTION_DEFAULTS}
         if self.delivery_guarantee == "exactly_once":
             config["enable.idempotence"] = "true"
             config["transaction.timeout.ms"] = str(self.transaction_timeout_ms)
