@@ -60,10 +60,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
 VALUE_SIZE = 100
 # Two full passes over the input before the measured queries. After one (of 200,000 records, or of all of them),
-# whichever of (b) and (c) ran first still took about 1 s longer in addBatch (six runs, either order: 3.65-5.19 s
-# against 2.86-3.97 s). The JVM spent 1.6 CPU-s more in it and JIT-compiled 1,860 methods against 771 in the
-# second query, most of them on the path that plans and starts a query. After two, the order no longer showed
-# (addBatch (b) 3.11-3.18 s, (c) 2.89-3.37 s, both orders).
+# whichever of (b) and (c) ran first took 0.65-1.3 s longer in addBatch than the other in 6 of 7 runs, in either
+# order. In one of them the JVM spent 1.6 CPU-s more in the first query and JIT-compiled 1,860 methods against
+# 771 in the second, most on the path that plans and starts a query. After two, addBatch was (b) 3.11-3.18 s and
+# (c) 2.89-3.37 s whichever ran first.
 WARMUP_QUERIES = 2
 
 VARIANTS = {
