@@ -13,12 +13,13 @@ forgotten and gets a new producer id.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
@@ -187,6 +188,55 @@ def test_ongoing_transaction_survives_kill_and_new_producer_aborts_it(tmp_path: 
         assert sorted(_read(broker.bootstrap_servers, topic)) == sorted(before + after)
         assert sorted(_read(broker.bootstrap_servers, topic, "read_uncommitted")) == sorted(before + pending + after)
         del hanging
+    finally:
+        broker.kill()
+
+
+def _lose_unsynced_add_partitions(journal: Path, transactional_id: str) -> int:
+    """Cut the journal back to before `transactional_id`'s AddPartitionsToTxn records, which are not fsynced:
+    what a power cut may leave. Returns how many records were cut; every one must be such an Ongoing record."""
+    data = journal.read_bytes()
+    frames = []
+    position = 0
+    while position + 8 <= len(data):
+        length = int.from_bytes(data[position:position + 4], "big")
+        frames.append((position, json.loads(data[position + 8:position + 8 + length])))
+        position += 8 + length
+    last_init = max(i for i, (_, record) in enumerate(frames)
+                    if record.get("id") == transactional_id and record.get("state") == "Empty")
+    cut = frames[last_init + 1:]
+    assert cut and all(r["id"] == transactional_id and r["state"] == "Ongoing" for _, r in cut), cut
+    with open(journal, "r+b") as handle:
+        handle.truncate(cut[0][0])
+    return len(cut)
+
+
+def test_records_whose_add_partitions_record_was_lost_are_aborted_and_their_producer_fenced(tmp_path: Path) -> None:
+    topic = f"dur-{uuid.uuid4().hex[:8]}"
+    data_dir = tmp_path / "broker"
+    broker = _start(data_dir)
+    try:
+        _create(broker.bootstrap_servers, topic)
+        before = _transaction(_producer(broker.bootstrap_servers, "dur-setup"), topic, "before", 2)
+        orphaned = _producer(broker.bootstrap_servers, "dur-orphan")
+        written = _open_transaction(orphaned, topic, "orphan", 4)  # acknowledged on both partitions
+        broker.kill()
+        assert _lose_unsynced_add_partitions(data_dir / "transactions" / "transactions.journal", "dur-orphan") >= 1
+
+        broker.start()
+        # Nothing lists the partitions in a transaction any more; without recovery their LSO would stay at 1.
+        assert _end_offsets(broker.bootstrap_servers, topic, committed=True) == _end_offsets(
+            broker.bootstrap_servers, topic, committed=False)
+        assert sorted(_read(broker.bootstrap_servers, topic)) == sorted(before)
+        assert sorted(_read(broker.bootstrap_servers, topic, "read_uncommitted")) == sorted(before + written)
+        # The producer was told its records were written: it must not commit the transaction without them.
+        with pytest.raises(KafkaException):
+            orphaned.commit_transaction(20)
+        successor = _producer(broker.bootstrap_servers, "dur-orphan")
+        after = _transaction(successor, topic, "after", 4)
+        assert sorted(_read(broker.bootstrap_servers, topic)) == sorted(before + after)
+        broker.restart()
+        assert sorted(_read(broker.bootstrap_servers, topic)) == sorted(before + after)
     finally:
         broker.kill()
 

@@ -159,6 +159,16 @@ class Broker:
                 if self.store.partition(topic, index) is partition_log:
                     raise  # a real I/O error; a topic deleted under the fsync needs no marker
 
+    def open_transactions(self) -> list[tuple[tuple[str, int], int, int]]:
+        found = []
+        for topic in self.store.topics.values():
+            for index, partition_log in enumerate(topic.partitions):
+                producers = partition_log.producers
+                for producer_id in producers.open_transactions:
+                    entry = producers.producers.get(producer_id)
+                    found.append(((topic.name, index), producer_id, entry.epoch if entry is not None else 0))
+        return found
+
     def complete_group_offsets(self, group: str, producer_id: int, commit: bool) -> None:
         self.groups.complete_transaction(group, producer_id, commit)
 

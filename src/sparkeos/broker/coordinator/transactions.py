@@ -64,6 +64,9 @@ class TransactionEffects(Protocol):
 
     def partition_exists(self, topic: str, partition: int) -> bool: ...
 
+    def open_transactions(self) -> list[tuple[TopicPartition, int, int]]:
+        """(partition, producer id, producer epoch) of every transaction open in a partition log."""
+
 
 class TransactionError(Exception):
     def __init__(self, error_code: int, message: str) -> None:
@@ -142,7 +145,38 @@ class TransactionCoordinator:
             if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
                 log.info("completing %s of %s after restart", txn.state, txn.transactional_id)
                 self._complete(txn, txn.state == PREPARE_COMMIT, now_ms)
+        self._abort_orphans(now_ms)
         self._compact()
+
+    def _abort_orphans(self, now_ms: int) -> None:
+        """Abort transactional data no open transaction accounts for, and fence the producer that wrote it.
+
+        AddPartitionsToTxn is answered before its record is fsynced (see `add_partitions`). A power cut can
+        then keep a partition's records, fsynced before their Produce was answered, and lose the record that
+        put the partition in the transaction. Nothing would ever end that transaction on the partition, and
+        its last stable offset would stay where the records begin. After a `kill -9` the record is never
+        lost (it reached the page cache), so this finds nothing.
+        """
+        fenced: dict[str, TransactionState] = {}
+        for partition, producer_id, data_epoch in self.effects.open_transactions():
+            txn = self._by_producer.get(producer_id)
+            if txn is not None and txn.state == ONGOING and partition in txn.partitions:
+                continue
+            log.warning("aborting records of producer %d on %s-%d that no open transaction lists", producer_id,
+                        *partition)
+            epoch = data_epoch if txn is None else max(data_epoch, txn.producer_epoch)
+            self.effects.write_markers([partition], producer_id, epoch, commit=False)
+            if txn is not None:
+                fenced[txn.transactional_id] = txn
+        for txn in fenced.values():
+            # The producer was told its records were written: it must not go on to commit the transaction
+            # without them. A newer epoch fails its next request, as after a transaction timeout.
+            self._bump_epoch(txn)
+            if txn.state == ONGOING:
+                self._end(txn, commit=False, now_ms=now_ms)
+            else:
+                txn.updated_ms = now_ms
+                self._persist(txn)
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -226,7 +260,12 @@ class TransactionCoordinator:
         self._begin_if_needed(txn, now_ms)
         txn.partitions.update(partitions)
         txn.updated_ms = now_ms
-        self._persist(txn)
+        # Not fsynced: the transaction's records on these partitions are fsynced before their Produce is
+        # answered, and EndTxn's synced Prepare record covers this one. If a power cut keeps the records but
+        # loses this record, restart recovery aborts them and fences the producer (`_abort_orphans`). The
+        # previous transaction's Complete record is already on disk (`_finish_when_durable`), so recovery
+        # never writes that transaction's markers again over this one's records.
+        self._persist(txn, sync=False)
         return {tp: NONE for tp in partitions}
 
     def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group: str,
@@ -291,7 +330,10 @@ class TransactionCoordinator:
                                    now_ms: int) -> None:
         try:
             await self.effects.sync_markers(partitions)
-            self._finish(txn, commit, now_ms)
+            # Synced: the id's next AddPartitionsToTxn record is not (see `add_partitions`), and a restart
+            # that found this transaction still in its Prepare state would write its markers again, after
+            # the next transaction's records, and end that one too.
+            self._finish(txn, commit, now_ms, sync=True)
         except Exception:  # the Prepare state stays; a restart completes it
             log.exception("completing the transaction of %s failed", txn.transactional_id)
         finally:
@@ -326,16 +368,17 @@ class TransactionCoordinator:
         for group in sorted(txn.groups):
             self.effects.complete_group_offsets(group, txn.producer_id, commit)
 
-    def _finish(self, txn: TransactionState, commit: bool, now_ms: int) -> None:
+    def _finish(self, txn: TransactionState, commit: bool, now_ms: int, sync: bool = False) -> None:
         txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         txn.partitions.clear()
         txn.groups.clear()
         txn.updated_ms = now_ms
-        # Not fsynced: the markers and group offsets above are already durable, so losing this
-        # record to a power cut only leaves the durable Prepare state, which a restart finishes
-        # again (as after kill -9 between the markers and this record). The next synced append
-        # of the journal makes it durable too.
-        self._persist(txn, sync=False)
+        # Unsynced unless asked: the markers and group offsets above are already durable, so losing
+        # this record to a power cut only leaves the durable Prepare state, which a restart finishes
+        # again (as after kill -9 between the markers and this record). The id's next request that
+        # can start a transaction is InitProducerId, whose synced record covers this one, when the
+        # transaction was ended here rather than by its producer's EndTxn.
+        self._persist(txn, sync=sync)
 
     # -- timers ------------------------------------------------------------------------------
 
