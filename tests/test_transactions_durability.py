@@ -70,6 +70,12 @@ def _transaction(producer: Producer, topic: str, prefix: str, count: int, commit
     return values
 
 
+def _committed_before(broker: BrokerProcess, topic: str) -> list[str]:
+    """The test topic, created with one committed transaction of two records in it; returns their values."""
+    _create(broker.bootstrap_servers, topic)
+    return _transaction(_producer(broker.bootstrap_servers, "dur-setup"), topic, "before", 2)
+
+
 def _open_transaction(producer: Producer, topic: str, prefix: str, count: int) -> list[str]:
     """Records of a transaction that is written to both partitions but never ended."""
     values = [f"{prefix}-{i}" for i in range(count)]
@@ -171,8 +177,7 @@ def test_ongoing_transaction_survives_kill_and_new_producer_aborts_it(tmp_path: 
     topic = f"dur-{uuid.uuid4().hex[:8]}"
     broker = _start(tmp_path / "broker")
     try:
-        _create(broker.bootstrap_servers, topic)
-        before = _transaction(_producer(broker.bootstrap_servers, "dur-setup"), topic, "before", 2)
+        before = _committed_before(broker, topic)
         hanging = _producer(broker.bootstrap_servers, "dur-fenced", timeout_ms=600000)
         pending = _open_transaction(hanging, topic, "open", 4)
 
@@ -216,8 +221,7 @@ def test_records_whose_add_partitions_record_was_lost_are_aborted_and_their_prod
     data_dir = tmp_path / "broker"
     broker = _start(data_dir)
     try:
-        _create(broker.bootstrap_servers, topic)
-        before = _transaction(_producer(broker.bootstrap_servers, "dur-setup"), topic, "before", 2)
+        before = _committed_before(broker, topic)
         orphaned = _producer(broker.bootstrap_servers, "dur-orphan")
         written = _open_transaction(orphaned, topic, "orphan", 4)  # acknowledged on both partitions
         broker.kill()
@@ -312,8 +316,7 @@ def test_decided_transaction_with_missing_markers_completes_on_restart(tmp_path:
     data_dir = tmp_path / "broker"
     broker = _start(data_dir)
     try:
-        _create(broker.bootstrap_servers, topic)
-        before = _transaction(_producer(broker.bootstrap_servers, "dur-setup"), topic, "before", 2)
+        before = _committed_before(broker, topic)
         pending = _open_transaction(_producer(broker.bootstrap_servers, "dur-decided"), topic, "decided", 6)
         broker.kill()
 
