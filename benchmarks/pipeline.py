@@ -14,7 +14,7 @@ fresh output topic of its own:
   (d) quix   Quix Streams, processing_guarantee="exactly-once"
 
 msgs/s = input records / wall seconds from the start of processing (clients created, query started)
-until the last output is committed. Spark's session start-up, and two warm-up queries over the same input
+until the last output is committed. Spark's session start-up, and three warm-up queries over the same input
 that start its Python workers and let the JVM compile the paths every query and record takes, are timed
 and printed but are not in (b)/(c). Each measured query still starts its own Python source runner and
 clients.
@@ -59,12 +59,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_QUIX_PYTHON = REPO / ".venv-quix" / "bin" / "python"
 VALUE_SIZE = 100
-# Two full passes over the input before the measured queries. After one (of 200,000 records, or of all of them),
+# Three full passes over the input before the measured queries. After one (of 200,000 records, or of all of them),
 # whichever of (b) and (c) ran first took 0.65-1.3 s longer in addBatch than the other in 6 of 7 runs, in either
 # order. In one of them the JVM spent 1.6 CPU-s more in the first query and JIT-compiled 1,860 methods against
-# 771 in the second, most on the path that plans and starts a query. After two, addBatch was (b) 3.11-3.18 s and
-# (c) 2.89-3.37 s whichever ran first.
-WARMUP_QUERIES = 2
+# 771 in the second, most on the path that plans and starts a query. After two, the first measured query still
+# ran long in 5 of 5 sessions of 4-5 queries: 3.51-4.18 s against 2.71-3.54 s for the later ones, with 1.69-2.09
+# JVM CPU-s against 1.01-1.61, whether it was (b) or (c).
+WARMUP_QUERIES = 3
 
 VARIANTS = {
     "a": "(a) confluent-kafka EOS loop",
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         help="(b)/(c): maxOffsetsPerTrigger; 0 = AvailableNow reads the backlog in one batch",
     )
     parser.add_argument("--quix-python", type=Path, default=DEFAULT_QUIX_PYTHON, help="interpreter for (d)")
-    parser.add_argument("--no-spark-warmup", action="store_true", help="skip the warm-up query")
+    parser.add_argument("--no-spark-warmup", action="store_true", help="skip the warm-up queries")
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON object")
     parser.add_argument(
         "--quix-worker", nargs=4, metavar=("BOOTSTRAP", "SOURCE", "SINK", "OUTPUTS"), help=argparse.SUPPRESS
