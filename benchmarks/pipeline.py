@@ -64,7 +64,8 @@ VALUE_SIZE = 100
 # order. In one of them the JVM spent 1.6 CPU-s more in the first query and JIT-compiled 1,860 methods against
 # 771 in the second, most on the path that plans and starts a query. After two, the first measured query still
 # ran long in 5 of 5 sessions of 4-5 queries: 3.51-4.18 s against 2.71-3.54 s for the later ones, with 1.69-2.09
-# JVM CPU-s against 1.01-1.61, whether it was (b) or (c).
+# JVM CPU-s against 1.01-1.61, whether it was (b) or (c). A third costs about 10 s. Whether it is enough is not
+# shown: in the same hour the machine's speed drifted by a third (four queries of 4.08-4.46 s after three warm-ups).
 WARMUP_QUERIES = 3
 
 VARIANTS = {
