@@ -147,6 +147,15 @@ def counts(values: Iterable) -> Counter:
     return Counter(values)
 
 
+def commit_sink_batch(writer, batch: int) -> None:
+    """One exactly-once sink transaction of a single record for `batch`, through the sink's own writer."""
+    import pyarrow as pa
+
+    writer.begin(batch)
+    records = pa.RecordBatch.from_pydict({"value": [b"v%d" % batch]})
+    writer.write_and_commit(batch, "query", records, iter(()))
+
+
 def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -4,19 +4,13 @@ benchmarks/pipeline.py, not asserted here."""
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from spark_support import commit_sink_batch as _commit_batch
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
-
-
-def _commit_batch(writer: _TransactionalWriter, batch: int) -> None:
-    writer.begin(batch)
-    records = pa.RecordBatch.from_pydict({"value": [b"v%d" % batch]})
-    writer.write_and_commit(batch, "query", records, iter(()))
 
 
 def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_control_records(broker, topic_name):

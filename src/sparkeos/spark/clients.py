@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 from .options import duration_ms
 
 Client = TypeVar("Client")
+Result = TypeVar("Result")
 
 CONSUMER_TIMEOUT_ENV = "SPARKEOS_CONSUMER_CACHE_TIMEOUT"
 PRODUCER_TIMEOUT_ENV = "SPARKEOS_PRODUCER_CACHE_TIMEOUT"
@@ -41,6 +42,36 @@ def idle_timeout_s(variable: str, default: str) -> float:
         raise ValueError(f"environment variable {variable} must be a positive duration such as 30s or 10m, "
                          f"got {text!r}")
     return milliseconds / 1000
+
+
+class ClientCallStuck(TimeoutError):
+    """A client call that its own timeout did not end: the client may never return from it."""
+
+
+def call_with_deadline(call: Callable[[], Result], deadline_s: float, what: str) -> Result:
+    """`call()`, waited for at most `deadline_s`: for a librdkafka call whose own timeout is not kept.
+
+    The call runs in a daemon thread. If it is still running at the deadline, ClientCallStuck is raised
+    and the thread is left blocked; the caller must then abandon the client, never close it (closing
+    would wait for the blocked call)."""
+    outcome: list[tuple[bool, object]] = []
+    finished = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome.append((False, exc))
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="sparkeos-client-call", daemon=True).start()
+    if not finished.wait(deadline_s):
+        raise ClientCallStuck(f"{what} did not return within {deadline_s:.0f} s")
+    returned, value = outcome[0]
+    if returned:
+        return value  # type: ignore[return-value]
+    raise value  # type: ignore[misc]
 
 
 @dataclass

@@ -63,7 +63,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
 from . import failpoints
-from .clients import PRODUCER_TIMEOUT_ENV, ClientCache
+from .clients import PRODUCER_TIMEOUT_ENV, ClientCache, ClientCallStuck, call_with_deadline
 from .cluster import WARMUP_TIMEOUT_S, KafkaCluster, connect_to_a_known_broker, connection_config, learn_topic
 from .options import SinkOptions
 from .source import HEADERS_TYPE
@@ -73,6 +73,14 @@ log = logging.getLogger("sparkeos.sink")
 MARKER_PARTITIONS = 8
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
 MARKER_SCAN_BATCH = 1000
+# The marker offset at a transaction's start: AddOffsetsToTxn and TxnOffsetCommit, milliseconds when the cluster is
+# up. librdkafka (2.16 and earlier) can wait forever in send_offsets_to_transaction, past its timeout, for a group
+# coordinator it cached before the broker went away (confluentinc/librdkafka#5456, #5511): after a kill -9 and
+# restart of the broker, Spark tasks stayed blocked there for 10 minutes, until killed, in 2 of 2 runs. So the call
+# gets this long, plus a grace for librdkafka to report its own timeout first; then the producer is abandoned and a
+# new one, whose coordinator cache is empty, starts the transaction again.
+BEGIN_TIMEOUT_S = 15.0
+STUCK_CALL_GRACE_S = 5.0
 # consume() waits its whole timeout unless it has num_messages in hand, and a range's control records never
 # count: the last poll of a scan always runs out. At 50 ms, a fresh id's scan of 56 markers took 52 ms.
 MARKER_SCAN_POLL_S = 0.005
@@ -280,6 +288,7 @@ class _TransactionalWriter:
         })
         self.consumer = Consumer(consumer_config)
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
+        self.stuck = False  # a producer call never returned: the producer must not be closed
         # A coordinator lookup before the producer reached a known broker waited out a 500 ms retry timer for
         # 6 of 20 fresh producers; after two metadata requests (the first can still go out on the bootstrap
         # connection), 0 of 100 did.
@@ -290,6 +299,10 @@ class _TransactionalWriter:
         # Explicitly, not on garbage collection: a traceback may keep this object, and with it the
         # producer's threads and connections, alive for as long as the worker lives.
         self.consumer.close()
+        if self.stuck:
+            # Closing would wait for the call that never returned. The producer is fenced by its successor.
+            log.warning("abandoning the producer of %s: a call into it never returned", self.transactional_id)
+            return
         self.producer.purge()
         self.producer.close()
 
@@ -382,10 +395,16 @@ class _TransactionalWriter:
         """Open the transaction with the marker offset first: a synchronous round trip that fails here,
         before any input is consumed, if another producer of this id has fenced us."""
         self.producer.begin_transaction()
-        self.producer.send_offsets_to_transaction(
-            [TopicPartition(self.marker.topic, self.marker.partition, batch + 1)],
-            self.consumer.consumer_group_metadata(), self.timeout_s,
-        )
+        offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1)]
+        group = self.consumer.consumer_group_metadata()
+        try:
+            call_with_deadline(
+                lambda: self.producer.send_offsets_to_transaction(offsets, group, BEGIN_TIMEOUT_S),
+                BEGIN_TIMEOUT_S + STUCK_CALL_GRACE_S, f"send_offsets_to_transaction of {self.transactional_id}",
+            )
+        except ClientCallStuck:
+            self.stuck = True
+            raise
 
     def write_and_commit(self, batch: int, query_id: str | None, first: pa.RecordBatch,
                          rest: Iterator[pa.RecordBatch]) -> int:
@@ -447,8 +466,8 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             try:
                 writer.begin(batch)
                 break
-            except KafkaException:
-                # Fenced (another worker initialised this id since we cached the producer) or broken:
+            except (KafkaException, ClientCallStuck):
+                # Fenced (another worker initialised this id since we cached the producer), broken or stuck:
                 # a new producer fences the others, and the marker is read again under its epoch.
                 _writers.forget(writer)
                 if attempt == 1:

@@ -1,0 +1,153 @@
+"""Crash proof of the exactly-once pipeline: the broker is killed with SIGKILL at random moments.
+
+A Kafka -> Spark -> Kafka query (tests/spark_pipeline_job.py, a separate driver process) keeps running while
+the one broker it reads from and writes to is killed again and again, most often in the middle of a
+micro-batch, and restarted on the same port and data directory after an outage of a random length. A feeder
+keeps appending input all along: plain records, committed transactions and aborted transactions.
+
+The query must ride through every outage, as a Spark job rides through a Kafka broker restart: the clients
+retry, no task is lost for good, and the driver never has to be restarted. At the end an independent
+read_committed consumer checks the output against the expected multiset: nothing lost, nothing twice, no
+aborted record.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from spark_crash_support import (
+    Driver,
+    InputFeeder,
+    batch_in_flight,
+    caught_up,
+    committed_batches,
+    expected_output,
+    wait_until_stable,
+)
+from spark_support import create_topic, read_committed, unique, wait_for
+
+OUTAGES = 6
+SOURCE_PARTITIONS = 3
+SINK_PARTITIONS = 2
+STARTUP_TIMEOUT_S = 240
+# After a restart the query must commit a batch again within this long. Spark tasks blocked in a librdkafka
+# call that never returned (the sink abandons such a producer after 20 s) stalled it for 10 minutes.
+RECOVERY_TIMEOUT_S = 120
+
+
+@dataclass
+class Outage:
+    cycle: int
+    batch_in_flight: int | None  # planned in Spark's offset log, not yet in its commit log, at the kill
+    seconds_down: float
+    committed_batches: int
+
+
+def wait_for_kill_moment(driver: Driver, checkpoint, cycle: int, rng: random.Random) -> None:
+    """After the query committed a batch since the last outage: mostly inside the next batch, sometimes idle."""
+    committed = len(committed_batches(checkpoint))
+    wait_for(
+        lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
+        timeout_s=RECOVERY_TIMEOUT_S,
+        interval_s=0.05,
+        what=f"the query to commit a batch after outage {cycle - 1}" if cycle else "the query's first batch",
+    )
+    assert driver.alive(), f"the driver died:\n{driver.error_tail()}"
+    if rng.random() < 0.75:
+        wait_for(
+            lambda: batch_in_flight(checkpoint) is not None or not driver.alive(),
+            timeout_s=RECOVERY_TIMEOUT_S,
+            interval_s=0.02,
+            what=f"the query to start a batch before outage {cycle}",
+        )
+        time.sleep(rng.uniform(0, 0.3))
+    else:
+        time.sleep(rng.uniform(0, 1.5))
+
+
+@pytest.mark.timeout(900)
+def test_broker_killed_at_random_moments_query_rides_through_and_output_stays_exact(broker_process, tmp_path):
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    bootstrap = broker_process.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=SOURCE_PARTITIONS)
+    sink = create_topic(bootstrap, unique("out"), partitions=SINK_PARTITIONS)
+    checkpoint = tmp_path / "checkpoint"
+    driver = Driver(
+        tmp_path,
+        unique("tag"),
+        [
+            "--bootstrap",
+            bootstrap,
+            "--source",
+            source,
+            "--sink",
+            sink,
+            "--checkpoint",
+            str(checkpoint),
+            "--master",
+            "local[2]",
+            "--transactional-id-prefix",
+            unique("outage"),
+            "--max-offsets-per-trigger",
+            "1000",
+        ],
+    )
+    feeder = InputFeeder(bootstrap, source, seed, pause_s=0.3)
+    outages: list[Outage] = []
+    started = time.monotonic()
+    feeder.start()
+    try:
+        driver.start(0)
+        driver.wait_running(STARTUP_TIMEOUT_S)
+        for cycle in range(OUTAGES):
+            wait_for_kill_moment(driver, checkpoint, cycle, rng)
+            in_flight = batch_in_flight(checkpoint)
+            broker_process.kill()
+            seconds_down = rng.uniform(0.5, 3.0)
+            time.sleep(seconds_down)
+            broker_process.start()
+            outages.append(Outage(cycle, in_flight, round(seconds_down, 1), len(committed_batches(checkpoint))))
+        feeder.stop()
+        ends = wait_until_stable(bootstrap, source, SOURCE_PARTITIONS)
+        wait_for(
+            lambda: caught_up(checkpoint, source, ends) or not driver.alive(),
+            timeout_s=RECOVERY_TIMEOUT_S,
+            interval_s=0.5,
+            what="the query to consume all of the input",
+        )
+        assert driver.alive(), f"the driver died:\n{driver.error_tail()}"
+        abandoned = driver.error_tail(100_000).count("abandoning the producer")
+    finally:
+        feeder.stop_requested.set()
+        driver.kill()
+    wait_until_stable(bootstrap, sink, SINK_PARTITIONS)
+    output = read_committed(bootstrap, sink)
+
+    mid_batch = [o for o in outages if o.batch_in_flight is not None]
+    report = (
+        f"seed {seed}: {len(outages)} broker kills in {time.monotonic() - started:.0f} s, {len(mid_batch)} "
+        f"mid-batch; {abandoned} stuck producers abandoned; input {len(feeder.committed)} committed + "
+        f"{len(feeder.aborted)} aborted records ({dict(feeder.transactions)} chunks); "
+        f"{len(committed_batches(checkpoint))} batches; output {len(output)} records\n"
+        + "\n".join(str(o) for o in outages)
+    )
+    print(report)
+
+    leaked = {f"{n}!".encode() for n in feeder.aborted} & set(output)
+    assert not leaked, f"aborted input reached the output: {sorted(leaked)[:10]}\n{report}"
+    expected = expected_output(feeder.committed)
+    actual = Counter(output)
+    lost = expected - actual
+    duplicated = actual - expected
+    assert not lost and not duplicated, (
+        f"{sum(lost.values())} lost (e.g. {list(lost)[:5]}), {sum(duplicated.values())} extra "
+        f"(e.g. {list(duplicated)[:5]})\n{report}"
+    )
+    assert feeder.transactions["abort"] >= 3 and feeder.transactions["commit"] >= 3, report
+    assert len(mid_batch) >= 2, f"too few kills hit a running batch\n{report}"
