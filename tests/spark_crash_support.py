@@ -124,6 +124,11 @@ def environment_of(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
 
 
+def pipeline_job_args(bootstrap: str, source: str, sink: str, checkpoint: Path, *options: str) -> list[str]:
+    """Command-line arguments of tests/spark_pipeline_job.py."""
+    return ["--bootstrap", bootstrap, "--source", source, "--sink", sink, "--checkpoint", str(checkpoint), *options]
+
+
 class Driver:
     """One run of tests/spark_pipeline_job.py, in a session of its own, output in log files."""
 
@@ -259,6 +264,19 @@ class InputFeeder(threading.Thread):
 def expected_output(numbers: list[int]) -> Counter:
     """The stateless job's output for these inputs: numbers not divisible by 7, with '!' appended."""
     return Counter(f"{n}!".encode() for n in numbers if n % 7 != 0)
+
+
+def assert_output_exact(output: list[bytes], feeder: InputFeeder, report: str) -> None:
+    """The stateless job's output: every committed input once, nothing more, and no aborted input."""
+    leaked = {f"{n}!".encode() for n in feeder.aborted} & set(output)
+    assert not leaked, f"aborted input reached the output: {sorted(leaked)[:10]}\n{report}"
+    expected = expected_output(feeder.committed)
+    actual = Counter(output)
+    lost, duplicated = expected - actual, actual - expected
+    assert not lost and not duplicated, (
+        f"{sum(lost.values())} lost (e.g. {list(lost)[:5]}), {sum(duplicated.values())} extra "
+        f"(e.g. {list(duplicated)[:5]})\n{report}"
+    )
 
 
 # --- topics and checkpoint ----------------------------------------------------------------------
