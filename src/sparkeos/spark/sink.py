@@ -29,10 +29,11 @@ Protocol
    task; Spark's retry decides again from step 3.
 4. A producer cached by the worker may have been fenced by another worker since. Each transaction
    therefore starts with the marker offset (``send_offsets_to_transaction``), a synchronous round trip:
-   if it fails, the producer is replaced (``init_transactions``) and the marker read again, before any
-   input is consumed. A producer fenced after that point cannot commit; its commit fails the task.
-   A cached producer that no task used for ``spark.kafka.producer.cache.timeout`` is closed between
-   transactions (``clients.py``); the next task of T starts again at step 3.
+   if it fails, or does not return within its bound (``BEGIN_TIMEOUT_S``), the producer is replaced
+   (``init_transactions``) and the marker read again, before any input is consumed. A producer fenced
+   after that point cannot commit; its commit fails the task. A cached producer that no task used for
+   ``spark.kafka.producer.cache.timeout`` is closed between transactions (``clients.py``); the next task
+   of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
 
@@ -75,10 +76,10 @@ MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
 MARKER_SCAN_BATCH = 1000
 # The marker offset at a transaction's start: AddOffsetsToTxn and TxnOffsetCommit, milliseconds when the cluster is
 # up. librdkafka (2.16 and earlier) can wait forever in send_offsets_to_transaction, past its timeout, for a group
-# coordinator it cached before the broker went away (confluentinc/librdkafka#5456, #5511): after a kill -9 and
-# restart of the broker, Spark tasks stayed blocked there for 10 minutes, until killed, in 2 of 2 runs. So the call
-# gets this long, plus a grace for librdkafka to report its own timeout first; then the producer is abandoned and a
-# new one, whose coordinator cache is empty, starts the transaction again.
+# coordinator it cached before the broker went away (confluentinc/librdkafka#5456, #5511): a running query whose
+# broker was killed -9 and restarted stalled there in 3 of 3 runs (one watched for 10 minutes). So the call gets
+# this long, plus a grace for librdkafka to report its own timeout first; then the producer is abandoned and a new
+# one, whose coordinator cache is empty, starts the transaction again.
 BEGIN_TIMEOUT_S = 15.0
 STUCK_CALL_GRACE_S = 5.0
 # consume() waits its whole timeout unless it has num_messages in hand, and a range's control records never
