@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -27,12 +28,40 @@ log = logging.getLogger("sparkeos.cluster")
 
 DEFAULT_TIMEOUT_S = 30.0
 WARMUP_TIMEOUT_S = 5.0  # a warm-up request only: real calls keep their own timeouts
+# How a broker restart (or a leader moving) makes a request fail: tried again until the call's deadline. A
+# running query died when its metadata request failed during a 1-3 s outage of its one broker (the error then
+# said, wrongly, that no answer came within 30 s), and ListOffsets fails at once with _NOENT ("No leaders
+# found") while the broker is down.
+TRANSIENT_ERRORS = frozenset({
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._NOENT,
+    KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
+})
+RETRY_BACKOFF_S = 0.2
 
 TopicPartitions = dict[str, dict[int, int]]
 
 
 class KafkaUnavailable(RuntimeError):
     """The cluster could not be reached or did not answer in time."""
+
+
+class _Transient(Exception):
+    """A request failed the way a broker restart makes requests fail; worth trying again."""
+
+    def __init__(self, error: object):
+        super().__init__(str(error))
+        self.error = error
+
+
+def is_transient(error: object) -> bool:
+    if isinstance(error, KafkaException) and error.args:
+        error = error.args[0]
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in TRANSIENT_ERRORS)
+
+
+Answer = TypeVar("Answer")
 
 
 def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
@@ -75,13 +104,28 @@ class KafkaCluster:
         # reconnect.backoff.ms, see options.CONNECTION_DEFAULTS).
         connect_to_a_known_broker(self.admin, 1, min(self.timeout_s / 4, WARMUP_TIMEOUT_S), self.bootstrap_servers)
 
-    def _wait(self, futures: dict, what: str) -> dict:
-        results = {}
+    def _until_deadline(self, attempt: Callable[[float], Answer], what: str) -> Answer:
+        """`attempt(seconds left)`, made again while it fails with a transient error, until the deadline."""
         deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return attempt(max(deadline - time.monotonic(), 0.001))
+            except _Transient as exc:
+                if time.monotonic() + RETRY_BACKOFF_S >= deadline:
+                    raise self._unreachable(what, exc.error) from None
+                log.info("%s to %s failed (%s); trying again", what, self.bootstrap_servers, exc.error)
+                time.sleep(RETRY_BACKOFF_S)
+
+    def _wait(self, futures: dict, what: str, timeout_s: float) -> dict:
+        """Each future's result or exception; a transient exception among them raises _Transient."""
+        results = {}
+        deadline = time.monotonic() + timeout_s
         for key, future in futures.items():
             try:
                 results[key] = future.result(timeout=max(deadline - time.monotonic(), 0.001))
             except KafkaException as exc:
+                if is_transient(exc):
+                    raise _Transient(exc.args[0]) from None
                 results[key] = exc
             except TimeoutError:
                 raise self._unreachable(what) from None
@@ -89,18 +133,25 @@ class KafkaCluster:
                 results[key] = exc
         return results
 
-    def _unreachable(self, what: str) -> KafkaUnavailable:
+    def _unreachable(self, what: str, last_error: object = None) -> KafkaUnavailable:
+        reason = f" (last error: {last_error})" if last_error is not None else ""
         return KafkaUnavailable(
             f"Kafka at kafka.bootstrap.servers={self.bootstrap_servers} did not answer {what} "
-            f"within {self.timeout_s:.0f} s"
+            f"within {self.timeout_s:.0f} s{reason}"
         )
+
+    def _metadata(self):
+        def attempt(timeout_s: float):
+            try:
+                return self.admin.list_topics(timeout=timeout_s)
+            except KafkaException as exc:
+                raise _Transient(exc.args[0] if exc.args else exc) from None
+
+        return self._until_deadline(attempt, "a metadata request")
 
     def topics(self) -> dict[str, int]:
         """Topic name -> partition count, for topics without errors."""
-        try:
-            metadata = self.admin.list_topics(timeout=self.timeout_s)
-        except KafkaException:
-            raise self._unreachable("a metadata request") from None
+        metadata = self._metadata()
         return {
             name: len(topic.partitions)
             for name, topic in metadata.topics.items()
@@ -125,8 +176,16 @@ class KafkaCluster:
         if not wanted:
             return {}
         isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=self.timeout_s)
-        results = self._wait(futures, "a ListOffsets request")
+
+        def attempt(timeout_s: float) -> dict:
+            futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=timeout_s)
+            try:
+                return self._wait(futures, "a ListOffsets request", timeout_s)
+            except _Transient as exc:
+                self._check_partitions_exist(wanted)  # "No leaders found" is final for a partition that is not there
+                raise exc
+
+        results = self._until_deadline(attempt, "a ListOffsets request")
         offsets = {}
         for tp, result in results.items():
             if isinstance(result, Exception):
@@ -148,9 +207,13 @@ class KafkaCluster:
     def group_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Committed offsets of a group (require_stable); partitions without one are left out."""
         request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])
-        futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
-                                                         request_timeout=self.timeout_s)
-        result = self._wait(futures, "an OffsetFetch request")[group_id]
+
+        def attempt(timeout_s: float):
+            futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
+                                                             request_timeout=timeout_s)
+            return self._wait(futures, "an OffsetFetch request", timeout_s)[group_id]
+
+        result = self._until_deadline(attempt, "an OffsetFetch request")
         if isinstance(result, Exception):
             raise RuntimeError(f"reading committed offsets of group {group_id!r} failed: {result}")
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
@@ -163,18 +226,24 @@ class KafkaCluster:
         return self._describe(ConfigResource(ResourceType.TOPIC, topic), f"topic {topic!r}")
 
     def _describe(self, resource: ConfigResource, what: str) -> dict[str, str]:
-        futures = self.admin.describe_configs([resource], request_timeout=self.timeout_s)
-        result = self._wait(futures, "a DescribeConfigs request")[resource]
+        def attempt(timeout_s: float):
+            futures = self.admin.describe_configs([resource], request_timeout=timeout_s)
+            return self._wait(futures, "a DescribeConfigs request", timeout_s)[resource]
+
+        result = self._until_deadline(attempt, "a DescribeConfigs request")
         if isinstance(result, Exception):
             raise RuntimeError(f"describing {what} configs failed: {result}")
         return {name: entry.value for name, entry in result.items() if entry.value is not None}
 
     def _broker_ids(self) -> list[int]:
-        try:
-            metadata = self.admin.list_topics(timeout=self.timeout_s)
-        except KafkaException:
-            raise self._unreachable("a metadata request") from None
-        return sorted(metadata.brokers)
+        return sorted(self._metadata().brokers)
+
+    def _check_partitions_exist(self, partitions: Iterable[TopicPartition]) -> None:
+        existing = self.topics()
+        missing = sorted(f"{tp.topic}-{tp.partition}" for tp in partitions
+                         if not 0 <= tp.partition < existing.get(tp.topic, 0))
+        if missing:
+            raise RuntimeError(f"partitions {', '.join(missing)} do not exist")
 
     def ensure_topic(self, name: str, partitions: int, config: dict[str, str]) -> int:
         """Create the topic if it is missing; return its partition count."""
@@ -183,7 +252,10 @@ class KafkaCluster:
             return existing[name]
         futures = self.admin.create_topics([NewTopic(name, partitions, config=config)],
                                            request_timeout=self.timeout_s)
-        result = self._wait(futures, "a CreateTopics request")[name]
+        try:
+            result = self._wait(futures, "a CreateTopics request", self.timeout_s)[name]
+        except _Transient as exc:
+            raise self._unreachable("a CreateTopics request", exc.error) from None
         if isinstance(result, KafkaException) and result.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise RuntimeError(f"creating topic {name!r} failed: {result}")
         deadline = time.monotonic() + self.timeout_s

@@ -1,0 +1,104 @@
+"""The connectors' Kafka clients across a broker restart, without Spark.
+
+Driver-side requests (metadata, ListOffsets, OffsetFetch) made while the broker is down must be answered
+once it is back within their deadline. librdkafka fails a ListOffsets at once while no leader is known, and
+a running query died when its metadata request failed during a 1-3 s outage.
+
+The sink's transaction start: after its broker went away, librdkafka can block in send_offsets_to_transaction
+far past the timeout it was given (confluentinc/librdkafka#5456, #5511); the sink starts every transaction
+with that call. Started while the broker was down, the call outlived its 10 s timeout in 4 of 4 tries with
+librdkafka 2.16.0: by 34-37 s, or for good. The sink must give up on such a producer within its bound, and a
+new producer of the same transactional id must carry on exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import KafkaException
+
+from spark_support import commit_sink_batch, create_topic, unique
+from sparkeos.spark.clients import ClientCallStuck
+from sparkeos.spark.cluster import KafkaCluster
+from sparkeos.spark.options import parse_sink_options
+from sparkeos.spark.sink import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter, prepare_exactly_once
+
+TRIES = 2
+SECONDS_DOWN = 1.5
+
+
+def restart_later(broker_process) -> threading.Thread:
+    """Kill the broker now; start it again on the same port after SECONDS_DOWN, in a thread."""
+    broker_process.kill()
+    restart = threading.Thread(target=lambda: (time.sleep(SECONDS_DOWN), broker_process.start()))
+    restart.start()
+    return restart
+
+
+def test_driver_side_requests_made_while_the_broker_is_down_are_answered_once_it_is_back(broker_process):
+    bootstrap = broker_process.bootstrap_servers
+    topic = create_topic(bootstrap, unique("in"), partitions=2)
+    cluster = KafkaCluster({"bootstrap.servers": bootstrap}, timeout_s=20)
+    requests = {
+        "metadata": (lambda: cluster.topics()[topic], 2),
+        "ListOffsets": (lambda: cluster.latest([(topic, 0), (topic, 1)], read_committed=True),
+                        {(topic, 0): 0, (topic, 1): 0}),
+        "OffsetFetch": (lambda: cluster.group_offsets(unique("group"), [(topic, 0)]), {}),
+    }
+    for name, (request, expected) in requests.items():
+        assert request() == expected, name  # answered with the broker up
+        time.sleep(1)  # the client idle and connected, as between a query's batches
+        restart = restart_later(broker_process)
+        try:
+            assert request() == expected, f"{name}, made while the broker was down"
+        finally:
+            restart.join()
+    # A partition that does not exist is still an error at once, naming it.
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=f"partitions {topic}-5 do not exist"):
+        cluster.latest([(topic, 5)], read_committed=True)
+    assert time.monotonic() - started < 10
+
+
+def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_and_a_new_producer_carries_on(
+    broker_process,
+):
+    bootstrap = broker_process.bootstrap_servers
+    options = parse_sink_options({
+        "kafka.bootstrap.servers": bootstrap, "topic": create_topic(bootstrap, unique("out")),
+        "commitMarkerTopic": unique("markers"), "kafka.transaction.timeout.ms": "10000",
+    })
+    partitions = prepare_exactly_once(options)
+    bound_s = BEGIN_TIMEOUT_S + STUCK_CALL_GRACE_S + 5
+    outcomes = []
+    for attempt in range(TRIES):
+        transactional_id = unique("restart")
+        writer = _TransactionalWriter(options, transactional_id, partitions)
+        commit_sink_batch(writer, 0)  # the producer now knows its group coordinator
+        restart = restart_later(broker_process)
+        started = time.monotonic()
+        try:
+            writer.begin(1)
+            outcomes.append("began")
+        except ClientCallStuck:
+            outcomes.append("abandoned")
+            assert writer.stuck
+        except KafkaException as exc:
+            outcomes.append(f"failed: {exc}")
+        elapsed = time.monotonic() - started
+        restart.join()
+        assert elapsed < bound_s, f"try {attempt}: the transaction start took {elapsed:.1f} s ({outcomes[-1]})"
+        closing = time.monotonic()
+        writer.close()
+        assert time.monotonic() - closing < 15, "closing the producer waited for its blocked call"
+
+        successor = _TransactionalWriter(options, transactional_id, partitions)
+        try:
+            assert successor.last_committed_batch() == 0
+            commit_sink_batch(successor, 1)
+            assert successor.last_committed_batch() == 1
+        finally:
+            successor.close()
+    print(outcomes)
