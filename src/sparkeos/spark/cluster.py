@@ -64,6 +64,15 @@ def is_transient(error: object) -> bool:
 Answer = TypeVar("Answer")
 
 
+def _partition_counts(metadata) -> dict[str, int]:
+    """Topic name -> partition count, for topics without errors."""
+    return {
+        name: len(topic.partitions)
+        for name, topic in metadata.topics.items()
+        if topic.error is None and topic.partitions
+    }
+
+
 def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
     """Fetch a topic's metadata before a consumer assigns it: librdkafka looks up a topic it has not seen
     only on its one-second topic scan, so the first read of a new topic started up to a second late.
@@ -140,23 +149,18 @@ class KafkaCluster:
             f"within {self.timeout_s:.0f} s{reason}"
         )
 
-    def _metadata(self):
-        def attempt(timeout_s: float):
-            try:
-                return self.admin.list_topics(timeout=timeout_s)
-            except KafkaException as exc:
-                raise _Transient(exc.args[0] if exc.args else exc) from None
+    def _metadata_once(self, timeout_s: float):
+        try:
+            return self.admin.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise _Transient(exc.args[0] if exc.args else exc) from None
 
-        return self._until_deadline(attempt, "a metadata request")
+    def _metadata(self):
+        return self._until_deadline(self._metadata_once, "a metadata request")
 
     def topics(self) -> dict[str, int]:
         """Topic name -> partition count, for topics without errors."""
-        metadata = self._metadata()
-        return {
-            name: len(topic.partitions)
-            for name, topic in metadata.topics.items()
-            if topic.error is None and topic.partitions
-        }
+        return _partition_counts(self._metadata())
 
     def partitions_of(self, topics: Iterable[str] = (), pattern: str | None = None,
                       assign: dict[str, tuple[int, ...]] | None = None) -> list[tuple[str, int]]:
@@ -182,7 +186,9 @@ class KafkaCluster:
             try:
                 return self._wait(futures, "a ListOffsets request", timeout_s)
             except _Transient as exc:
-                self._check_partitions_exist(wanted)  # "No leaders found" is final for a partition that is not there
+                if isinstance(exc.error, KafkaError) and exc.error.code() == KafkaError._NOENT:
+                    # "No leaders found" is final for a partition that is not there.
+                    self._check_partitions_exist(wanted, timeout_s)
                 raise exc
 
         results = self._until_deadline(attempt, "a ListOffsets request")
@@ -238,8 +244,9 @@ class KafkaCluster:
     def _broker_ids(self) -> list[int]:
         return sorted(self._metadata().brokers)
 
-    def _check_partitions_exist(self, partitions: Iterable[TopicPartition]) -> None:
-        existing = self.topics()
+    def _check_partitions_exist(self, partitions: Iterable[TopicPartition], timeout_s: float) -> None:
+        """One metadata request within the caller's deadline; an error naming partitions that do not exist."""
+        existing = _partition_counts(self._metadata_once(timeout_s))
         missing = sorted(f"{tp.topic}-{tp.partition}" for tp in partitions
                          if not 0 <= tp.partition < existing.get(tp.topic, 0))
         if missing:
