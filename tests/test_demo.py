@@ -23,6 +23,7 @@ def test_demo_with_event_time_windows_is_exact(tmp_path):
     assert report["missing"] == report["duplicated"] == 0
     assert report["delivered"] == report["expected"] > 2000
     assert report["dead_lettered"] == 5
+    assert "[Stage " not in result.stderr, "Spark's progress bars are drawn through the audit table"
 
 
 def test_demo_survives_driver_crashes(tmp_path):

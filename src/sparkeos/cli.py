@@ -167,7 +167,7 @@ def run_job(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     import json
 
-    from .jobs.audit import audit, print_report
+    from .jobs.audit import SESSION_CONFIG, audit, print_report
     from .jobs.spec import JobError, load_job
 
     try:
@@ -177,7 +177,7 @@ def run_audit(args: argparse.Namespace) -> int:
         return 2
     import sparkeos.spark
 
-    spark = sparkeos.spark.session("sparkeos-audit", master="local[*]", config={"spark.ui.enabled": "false"})
+    spark = sparkeos.spark.session("sparkeos-audit", master="local[*]", config=SESSION_CONFIG)
     spark.sparkContext.setLogLevel("ERROR")
     report = audit(spark, spec, args.bootstrap_servers, args.input, args.output, args.dead_letter)
     print_report(report)

@@ -313,10 +313,10 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
 def audit_demo(job_path: Path, bootstrap: str):
     import sparkeos.spark
 
-    from .jobs.audit import audit
+    from .jobs.audit import SESSION_CONFIG, audit
     from .jobs.spec import load_job
 
-    spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config={"spark.ui.enabled": "false"})
+    spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config=SESSION_CONFIG)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         return audit(spark, load_job(job_path), bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, DEAD_LETTER_TOPIC)

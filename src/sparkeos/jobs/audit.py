@@ -19,6 +19,8 @@ from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
 from .spec import JobSpec
 
 SAMPLES = 5
+# An audit prints a table: Spark's stage progress bars would be drawn through it.
+SESSION_CONFIG = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
 
 
 @dataclass
