@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
 
 from spark_support import commit_sink_batch as _commit_batch
 from sparkeos.spark.options import parse_sink_options
@@ -69,8 +69,13 @@ def test_a_marker_topic_whose_markers_would_expire_is_refused_naming_the_option(
         assert "commitMarkerTopic" in message and setting in message and name in message
     for name in (f"{topic_name}-compacted", f"{topic_name}-kept"):
         assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, name)) == 2
-    # The topic the sink creates itself passes its own check.
-    assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, f"{topic_name}-created")) == 8
+    # The topic the sink creates itself passes its own check, and rolls segments soon enough for Kafka to compact them.
+    created = f"{topic_name}-created"
+    assert prepare_exactly_once(_sink_options(broker.bootstrap_servers, created)) == 8
+    resource = ConfigResource(ResourceType.TOPIC, created)
+    configs = {name: entry.value for name, entry in admin.describe_configs([resource])[resource].result(30).items()}
+    assert (configs["cleanup.policy"], configs["retention.ms"]) == ("compact", "-1")
+    assert (configs["segment.bytes"], configs["segment.ms"]) == (str(16 * 1024 * 1024), "3600000")
 
 
 def _writer_after_the_marker_topic_grew(bootstrap: str, topic_name: str) -> tuple[AdminClient, _TransactionalWriter]:

@@ -72,7 +72,11 @@ from .source import HEADERS_TYPE
 log = logging.getLogger("sparkeos.sink")
 
 MARKER_PARTITIONS = 8
-MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
+# A new id's scan reads every marker partition from its log start, and Kafka compacts only rolled segments: with the
+# defaults (1 GiB or 7 days) millions of markers would wait in the active segment. Small segments keep a scan near one
+# record per id plus 16 MiB (about 50,000 commits) per partition.
+MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(16 * 1024 * 1024),
+                       "segment.ms": str(3_600_000)}
 MARKER_SCAN_BATCH = 1000
 # The marker offset at a transaction's start: AddOffsetsToTxn and TxnOffsetCommit, milliseconds when the cluster is
 # up. librdkafka (2.16 and earlier) can wait forever in send_offsets_to_transaction, past its timeout, for a group
