@@ -73,8 +73,8 @@ log = logging.getLogger("sparkeos.sink")
 
 MARKER_PARTITIONS = 8
 # A new id's scan reads every marker partition from its log start, and Kafka compacts only rolled segments: with the
-# defaults (1 GiB or 7 days) millions of markers would wait in the active segment. Small segments keep a scan near one
-# record per id plus 16 MiB (about 50,000 commits) per partition.
+# defaults (1 GiB or 7 days) millions of markers would wait in the active segment. Small segments let Kafka compact all
+# but about the newest 16 MiB (some 50,000 commits) of each partition.
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(16 * 1024 * 1024),
                        "segment.ms": str(3_600_000)}
 MARKER_SCAN_BATCH = 1000
