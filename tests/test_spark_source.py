@@ -26,6 +26,8 @@ from pyspark.sql.types import (
 )
 
 from spark_support import create_topic, produce, produce_transaction, unique, wait_for
+from sparkeos.spark.options import parse_source_options
+from sparkeos.spark.source import KafkaStreamReader
 
 # Spark's own Kafka source schema (KafkaRecordToRowConverter), written out independently of source.py.
 SPARK_KAFKA_SCHEMA = StructType(
@@ -309,6 +311,22 @@ def test_starting_offsets_latest_and_per_partition_json(spark, broker, tmp_path)
     assert placed(read_batch(spark, bootstrap, subscribe=topic, startingOffsets=starting)) == offsets(
         topic, {0: range(11), 1: range(7, 11)}
     )
+
+
+def test_initial_offsets_do_not_move_when_spark_asks_again(broker):
+    """Spark asks for the initial offsets more than once as a query starts; `latest` must not drift between."""
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("initial"), partitions=2)
+    fill(bootstrap, topic, 2, 10)
+    reader = KafkaStreamReader(parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic},
+                                                    streaming=True))
+    try:
+        first = reader.initialOffset()
+        assert first == {topic: {"0": 10, "1": 10}}
+        fill(bootstrap, topic, 2, 5)
+        assert reader.initialOffset() == first
+    finally:
+        reader.stop()
 
 
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):

@@ -271,6 +271,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.last_trigger_ms = time.time() * 1000
         self._group_committer = None
         self._group_committed: Offsets | None = None
+        self._initial: dict | None = None
 
     def __getstate__(self) -> dict:
         # Spark ships the reader to executors for read(); Kafka clients stay on the driver.
@@ -286,10 +287,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._planner
 
     def initialOffset(self) -> dict:
-        partitions = self.planner.partitions()
-        offsets = self.planner.resolve(self.options.starting, partitions)
-        log.info("initial offsets from %s: %s", self.options.starting.option, offsets)
-        return encode_offsets(offsets)
+        # Spark asks more than once as a query starts (twice per start in Spark 4.3). Asked again, `latest` or a
+        # timestamp would move with the log: the first answer stands, as Spark's Kafka source keeps its own.
+        if self._initial is None:
+            partitions = self.planner.partitions()
+            offsets = self.planner.resolve(self.options.starting, partitions)
+            log.info("initial offsets from %s: %s", self.options.starting.option, offsets)
+            self._initial = encode_offsets(offsets)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.min_offsets_per_trigger is not None:
