@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.errors import AnalysisException, StreamingQueryException
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -325,6 +326,24 @@ def test_initial_offsets_do_not_move_when_spark_asks_again(broker):
         assert first == {topic: {"0": 10, "1": 10}}
         fill(bootstrap, topic, 2, 5)
         assert reader.initialOffset() == first
+    finally:
+        reader.stop()
+
+
+def test_available_now_from_latest_survives_records_written_while_it_starts(broker):
+    """Spark 4.3 calls prepareForTriggerAvailableNow, then initialOffset, then latestOffset. Records written between
+    the first two put startingOffsets=latest past the target: nothing is left to read, and nothing was lost."""
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("avnow"), partitions=2)
+    fill(bootstrap, topic, 2, 10)
+    reader = KafkaStreamReader(parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic},
+                                                    streaming=True))
+    try:
+        reader.prepareForTriggerAvailableNow()
+        fill(bootstrap, topic, 2, 5)
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 15, "1": 15}}
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
     finally:
         reader.stop()
 

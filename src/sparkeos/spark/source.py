@@ -324,6 +324,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:
             log.info("new partitions %s are read from earliest", new)
             begin.update(self.planner.cluster.earliest(new))
+        if self.available_now_target is not None:
+            self._settle_starts_past_the_target(begin, latest)
         for partition in partitions:
             if latest[partition] < begin[partition]:
                 what = (f"the end of {partition[0]}-{partition[1]} went back from {begin[partition]} "
@@ -335,6 +337,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if end != begin:
             self.last_trigger_ms = time.time() * 1000
         return encode_offsets(end)
+
+    def _settle_starts_past_the_target(self, begin: Offsets, target: Offsets) -> None:
+        """Spark fixes the Trigger.AvailableNow target before it asks for the initial offsets, so with
+        startingOffsets=latest (or a timestamp) records written in between put a start past the target. Such a
+        partition has nothing left to read; only a fresh look at its end tells that from lost records."""
+        past = [p for p in target if target[p] < begin[p]]
+        if not past:
+            return
+        now = self.planner.latest(past)
+        for partition in past:
+            if now[partition] >= begin[partition]:
+                target[partition] = begin[partition]
 
     def _admit(self, begin: Offsets, latest: Offsets, limit: ReadLimit) -> Offsets:
         if isinstance(limit, ReadAllAvailable):
