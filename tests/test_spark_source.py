@@ -314,13 +314,19 @@ def test_starting_offsets_latest_and_per_partition_json(spark, broker, tmp_path)
     )
 
 
+def stream_reader_on_filled_topic(bootstrap: str, name: str) -> tuple[str, KafkaStreamReader]:
+    """A 2-partition topic of 10 records per partition, and a stream reader of it with the default options, driven
+    directly as Spark's source runner drives it."""
+    topic = create_topic(bootstrap, unique(name), partitions=2)
+    fill(bootstrap, topic, 2, 10)
+    options = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic}, streaming=True)
+    return topic, KafkaStreamReader(options)
+
+
 def test_initial_offsets_do_not_move_when_spark_asks_again(broker):
     """Spark asks for the initial offsets more than once as a query starts; `latest` must not drift between."""
     bootstrap = broker.bootstrap_servers
-    topic = create_topic(bootstrap, unique("initial"), partitions=2)
-    fill(bootstrap, topic, 2, 10)
-    reader = KafkaStreamReader(parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic},
-                                                    streaming=True))
+    topic, reader = stream_reader_on_filled_topic(bootstrap, "initial")
     try:
         first = reader.initialOffset()
         assert first == {topic: {"0": 10, "1": 10}}
@@ -334,10 +340,7 @@ def test_available_now_from_latest_survives_records_written_while_it_starts(brok
     """Spark 4.3 calls prepareForTriggerAvailableNow, then initialOffset, then latestOffset. Records written between
     the first two put startingOffsets=latest past the target: nothing is left to read, and nothing was lost."""
     bootstrap = broker.bootstrap_servers
-    topic = create_topic(bootstrap, unique("avnow"), partitions=2)
-    fill(bootstrap, topic, 2, 10)
-    reader = KafkaStreamReader(parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic},
-                                                    streaming=True))
+    topic, reader = stream_reader_on_filled_topic(bootstrap, "avnow")
     try:
         reader.prepareForTriggerAvailableNow()
         fill(bootstrap, topic, 2, 5)
