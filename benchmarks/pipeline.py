@@ -319,7 +319,7 @@ def run_raw_loop(bootstrap: str, source: str, sink: str, txn_records: int) -> di
 def spark_session_for_benchmark():
     import sparkeos.spark
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # PYSPARK_PYTHON as sparkeos.spark.session chooses it for a local master (see sparkeos.spark.workers).
     return sparkeos.spark.session(
         "sparkeos-pipeline-benchmark",
         master="local[2]",

@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from sparkeos.spark.workers import worker_python
+
 RUNNING_PREFIX = "QUERY RUNNING"
 BATCH_PREFIX = "BATCH"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
@@ -55,10 +57,11 @@ def spark_config(master: str, ui_port: int = 0) -> dict[str, str]:
         # Python workers start slowly on a loaded machine: give daemon workers 120 s instead of 15 s to connect back.
         # (The streaming source runner's own wait is fixed inside Spark; under extreme load it can still time out.)
         "spark.python.authenticate.socketTimeout": "120s",
-        # Executors must run this interpreter too, wherever they are: it is the one with sparkeos installed.
-        "spark.pyspark.python": sys.executable,
+        # Executors must run this interpreter too, wherever they are: it is the one with sparkeos installed
+        # (for a local master, through the script that spares each new worker from compiling pyspark again).
+        "spark.pyspark.python": worker_python(master),
         "spark.pyspark.driver.python": sys.executable,
-        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": worker_python(master),
         # The tests restart drivers many times: C1-only JIT starts a JVM faster and burns less CPU.
         "spark.driver.extraJavaOptions": JVM_OPTIONS,
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
@@ -135,7 +138,7 @@ def report_progress(query, last_reported: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = worker_python(args.master)
     import sparkeos.spark
 
     spark = sparkeos.spark.session(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
 from collections import Counter
@@ -24,7 +23,6 @@ def spark_session(master: str = "local[2]"):
     import sparkeos.spark
 
     FAILPOINT_DIR.mkdir(parents=True, exist_ok=True)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     return sparkeos.spark.session(
         "sparkeos-tests",
         master=master,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..spark.workers import worker_python
 from .spec import JobSpec, load_job
 
 log = logging.getLogger("sparkeos.run")
@@ -139,7 +140,8 @@ class Supervisor:
         return self.status_file.with_name(self.status_file.name + ".progress")
 
     def start_driver(self) -> None:
-        env = {**os.environ, **(self.env or {}), "PYSPARK_PYTHON": sys.executable}
+        env = {**os.environ, **(self.env or {})}
+        env["PYSPARK_PYTHON"] = worker_python(self.master or env.get("SPARKEOS_MASTER") or "local[*]")
         # Its own process group: a crash drill kills the driver's JVM and Python workers with it.
         output = open(self.log_file, "ab") if self.log_file is not None else None  # noqa: SIM115 - the child owns it
         self.driver = subprocess.Popen(self.command(), env=env, start_new_session=True, stdout=output,

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,15 +28,18 @@ def session(
 ) -> SparkSession:
     """A SparkSession with `sparkeos.kafka` registered.
 
-    Python workers run this interpreter (PYSPARK_PYTHON), so they see the same installed packages.
+    Python workers run this interpreter (PYSPARK_PYTHON, unless already set), so they see the same installed
+    packages; with a local master, through `workers.worker_python`, which spares each new worker from compiling
+    pyspark again.
     Spark's `spark.kafka.consumer.cache.timeout` and `spark.kafka.producer.cache.timeout` in `config` reach
     the Python workers as the environment variables that `sparkeos.spark.clients` reads.
     """
     from pyspark.sql import SparkSession
 
     from .clients import SPARK_CONF_FOR_ENV
+    from .workers import worker_python
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
