@@ -166,3 +166,17 @@ def test_sink_defaults_are_exactly_once():
 )
 def test_bad_sink_options_name_the_option(options, named):
     assert named in error_of(sink, **options)
+
+
+def test_driver_and_marker_clients_keep_every_security_setting():
+    security = {
+        "security.protocol": "SASL_SSL", "ssl.ca.location": "/ca.pem", "sasl.mechanism": "OAUTHBEARER",
+        "enable.ssl.certificate.verification": "false", "enable.sasl.oauthbearer.unsecure.jwt": "true",
+        "https.ca.location": "/idp-ca.pem", "connections.max.idle.ms": "60000",
+        "topic.metadata.refresh.interval.ms": "1000",
+    }
+    options = {f"kafka.{key}": value for key, value in security.items()}
+    for config in (source(subscribe="a", **options).consumer_config(), sink(topic="out", **options).producer_config()):
+        kept = connection_config(config)
+        assert {key: kept.get(key) for key in security} == security
+        assert "isolation.level" not in kept and "transactional.id" not in kept and "acks" not in kept

@@ -98,8 +98,12 @@ def connect_to_a_known_broker(client: Consumer | Producer | AdminClient, request
 
 def connection_config(config: dict[str, str]) -> dict[str, str]:
     """The connection and security settings of a client config, without consumer- or producer-only keys."""
-    allowed_prefixes = ("bootstrap.servers", "security.", "ssl.", "sasl.", "client.", "socket.", "broker.",
-                        "metadata.", "reconnect.", "retry.", "api.version", "debug", "log_level", "log.")
+    # Every security setting, even those not named ssl./sasl. (a driver-side client without the user's
+    # enable.ssl.certificate.verification=false would only retry until its timeout ran out).
+    allowed_prefixes = ("bootstrap.servers", "security.", "ssl.", "sasl.", "enable.ssl.", "enable.sasl.",
+                        "https.", "oauth_cb", "client.", "socket.", "broker.", "metadata.", "topic.metadata.",
+                        "connections.max.idle.ms", "reconnect.", "retry.", "api.version", "debug", "log_level",
+                        "log.")
     return {key: value for key, value in config.items() if key.startswith(allowed_prefixes)}
 
 
