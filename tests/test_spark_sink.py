@@ -203,6 +203,31 @@ def test_batch_write_is_exactly_once_per_write(spark, broker):
     assert Counter(read_committed(bootstrap, sink)) == expected + expected
 
 
+def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, broker):
+    """A stage re-run (after a fetch failure elsewhere) numbers its tasks from 0 again and may re-run a task
+    whose first run committed: the marker decides, not the attempt number."""
+    import pyarrow as pa
+
+    from sparkeos.spark.options import parse_sink_options
+    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"))
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink})
+    writer = KafkaBatchWriter(options, prepare_exactly_once(options))
+    values = [str(i).encode() for i in range(50)]
+
+    def write_partition(_rows):
+        yield writer.write(iter([pa.record_batch({"value": pa.array(values, pa.binary())})]))
+
+    # Two jobs, so both runs of partition 0 are first attempts of the same write's task.
+    first, again = (spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()[0]
+                    for _ in range(2))
+    assert (first.records, first.skipped) == (50, False)
+    assert (again.records, again.skipped) == (50, True)
+    assert Counter(read_committed(bootstrap, sink)) == Counter(values)
+
+
 RETRY_SCRIPT = textwrap.dedent(
     """
     import os

@@ -43,8 +43,11 @@ receive the same records on replay: deterministic transformations (no unseeded `
 deterministic per batch. Empty tasks write no transaction at all.
 
 Batch writes (``df.write``) use the same protocol with B = 0 and ``T = <prefix>-<write id>-<p>``, a
-write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt. The
-producer of such an id is closed when its task ends: nothing uses the id again.
+write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt. Every
+task reads the marker, whatever its attempt number: a stage re-run (after a fetch failure) numbers its
+tasks from 0 again, and may re-run a task whose first run committed. Only the group offset is read: a
+write id lives for one write, far less than ``offsets.retention.minutes``, so a missing offset means
+"never committed". The producer of such an id is closed when its task ends: nothing uses the id again.
 """
 
 from __future__ import annotations
@@ -311,7 +314,8 @@ class _TransactionalWriter:
         self.producer.purge()
         self.producer.close()
 
-    def last_committed_batch(self) -> int | None:
+    def last_committed_batch(self, scan_records: bool = True) -> int | None:
+        """The newest batch T committed, or None; `scan_records=False` trusts a missing group offset."""
         # Every partition, in one OffsetFetch: if partitions were added to the marker topic since T last
         # committed, T's home partition moved and its newest offset sits on the old one.
         everywhere = [TopicPartition(self.marker.topic, p) for p in range(self.marker_partitions)]
@@ -322,7 +326,7 @@ class _TransactionalWriter:
             newest = max(newest, committed.offset)
         if newest >= 0:
             return newest - 1
-        return self._scan_marker_records()
+        return self._scan_marker_records() if scan_records else None
 
     def _scan_marker_records(self) -> int | None:
         """The newest marker record of T, for when the group offset is gone (or never existed).
@@ -446,10 +450,10 @@ _scan_clusters: ClientCache[KafkaCluster] = ClientCache(8, lambda _cluster: None
 
 
 def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, query_id: str | None,
-                       marker_partitions: int, batches: Iterator[pa.RecordBatch], fresh_id: bool = False,
-                       keep_producer: bool = True) -> SinkCommit:
-    """Steps 3 and 4 of the protocol for one task. `keep_producer=False` closes the producer afterwards, for
-    a transactional id that is never used again."""
+                       marker_partitions: int, batches: Iterator[pa.RecordBatch],
+                       one_write_id: bool = False) -> SinkCommit:
+    """Steps 3 and 4 of the protocol for one task. `one_write_id`: the id of a batch write, used by this write
+    only; its marker is the group offset alone, and its producer is closed afterwards."""
     partition = TaskContext.get().partitionId()
     first, rest = _peek(batches)
     if first is None:
@@ -462,7 +466,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     writer = _writers.acquire(key, create)
     try:
         for attempt in range(2):
-            committed = None if fresh_id and attempt == 0 else writer.last_committed_batch()
+            committed = writer.last_committed_batch(scan_records=not one_write_id)
             if committed is not None and committed >= batch:
                 skipped = _drain(first, rest)
                 log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
@@ -494,7 +498,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         return SinkCommit(partition, batch, records, False, transactional_id)
     finally:
         _writers.release(writer)
-        if not keep_producer:
+        if one_write_id:
             _writers.forget(writer)
 
 
@@ -575,13 +579,12 @@ class KafkaBatchWriter(DataSourceArrowWriter):
         self.write_id = uuid.uuid4().hex[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition, _batch, _query, attempt = _task_context()
+        partition, _batch, _query, _attempt = _task_context()
         if self.options.delivery_guarantee != "exactly_once":
             return write_without_transactions(self.options, 0, iterator)
         prefix = self.options.transactional_id_prefix or "sparkeos"
-        # A first attempt of a fresh id cannot have committed before: no marker to read.
         return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
-                                  self.marker_partitions, iterator, fresh_id=attempt == 0, keep_producer=False)
+                                  self.marker_partitions, iterator, one_write_id=True)
 
     def commit(self, messages: list) -> None:
         log.info(report_commit(messages, 0, self.options.delivery_guarantee))
