@@ -351,6 +351,33 @@ def test_available_now_from_latest_survives_records_written_while_it_starts(brok
         reader.stop()
 
 
+def test_batch_zero_replayed_by_a_restarted_query_begins_where_it_first_began(broker):
+    """Spark's offset log keeps only each batch's end. Replaying batch 0 after the driver died, Spark asks a new
+    reader for the initial offsets, and `latest` has moved on since: the calls below are the ones Spark makes."""
+    bootstrap = broker.bootstrap_servers
+    topic, first = stream_reader_on_filled_topic(bootstrap, "replay0")
+    restarted = KafkaStreamReader(first.options)
+    try:
+        initial = first.initialOffset()
+        assert first.latestOffset(initial, ReadAllAvailable()) is initial  # no new data: the same offsets
+        fill(bootstrap, topic, 2, 4)  # arrives between the query's start and its first batch
+        logged = json.loads(json.dumps(first.latestOffset(initial, ReadAllAvailable())))
+        fill(bootstrap, topic, 2, 3)  # arrives while the driver is down
+        fresh = restarted.initialOffset()
+        assert fresh == {topic: {"0": 17, "1": 17}}
+        replayed = restarted.partitions(fresh, logged)
+        assert sorted((r.partition, r.start, r.end) for r in replayed) == [(0, 10, 14), (1, 10, 14)]
+        assert sum(batch.num_rows for r in replayed for batch in restarted.read(r)) == 8
+        # Batch 1 begins at batch 0's end and reads the rest; with nothing new it plans no batch.
+        end = restarted.latestOffset(logged, ReadAllAvailable())
+        assert end == {topic: {"0": 17, "1": 17}}
+        assert sorted((r.start, r.end) for r in restarted.partitions(logged, end)) == [(14, 17), (14, 17)]
+        assert restarted.latestOffset(end, ReadAllAvailable()) is end
+    finally:
+        first.stop()
+        restarted.stop()
+
+
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("end"), partitions=2)

@@ -90,8 +90,18 @@ def encode_offsets(offsets: Offsets) -> dict:
     return encoded
 
 
+# A key no topic can have (':' is not allowed in topic names): the start of batch 0, kept inside its end offsets.
+BATCH_START_KEY = "sparkeos:batchStart"
+
+
 def decode_offsets(encoded: dict | None) -> Offsets:
-    return {(topic, int(p)): int(o) for topic, parts in (encoded or {}).items() for p, o in parts.items()}
+    return {(topic, int(p)): int(o) for topic, parts in (encoded or {}).items() if topic != BATCH_START_KEY
+            for p, o in parts.items()}
+
+
+def batch_start(start: dict, end: dict) -> dict:
+    """Where the batch (start, end] Spark hands over really began: see `KafkaStreamReader.latestOffset`."""
+    return end.get(BATCH_START_KEY, start)
 
 
 def data_loss_message(what: str) -> str:
@@ -334,9 +344,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(data_loss_message(what))
                 latest[partition] = begin[partition]
         end = self._admit(begin, latest, limit)
-        if end != begin:
-            self.last_trigger_ms = time.time() * 1000
-        return encode_offsets(end)
+        if end == decode_offsets(start):
+            # The very same offsets: Spark compares them as JSON, and must see no new data.
+            return start
+        self.last_trigger_ms = time.time() * 1000
+        encoded = encode_offsets(end)
+        if start == self._initial:
+            # Spark's offset log keeps only ends. Replaying batch 0 after a restart, Spark begins it at a fresh
+            # initialOffset(), which `latest` or a timestamp puts later than the first time: the records in
+            # between would be lost. The start travels in the end instead, which the log does keep.
+            encoded[BATCH_START_KEY] = start
+        return encoded
 
     def _settle_starts_past_the_target(self, begin: Offsets, target: Offsets) -> None:
         """Spark fixes the Trigger.AvailableNow target before it asks for the initial offsets, so with
@@ -366,7 +384,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offsets(self.latest_seen) if self.latest_seen is not None else None
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        begin = decode_offsets(start)
+        begin = decode_offsets(batch_start(start, end))
         finish = decode_offsets(end)
         new = [p for p in finish if p not in begin]
         if new:
