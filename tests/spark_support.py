@@ -145,13 +145,13 @@ def counts(values: Iterable) -> Counter:
     return Counter(values)
 
 
-def commit_sink_batch(writer, batch: int) -> None:
+def commit_sink_batch(writer, batch: int, query_id: str = "query") -> None:
     """One exactly-once sink transaction of a single record for `batch`, through the sink's own writer."""
     import pyarrow as pa
 
-    writer.begin(batch)
+    writer.begin(batch, query_id)
     records = pa.RecordBatch.from_pydict({"value": [b"v%d" % batch]})
-    writer.write_and_commit(batch, "query", records, iter(()))
+    writer.write_and_commit(batch, query_id, records, iter(()))
 
 
 def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: str = "condition"):

@@ -80,7 +80,7 @@ def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_an
         restart = restart_later(broker_process)
         started = time.monotonic()
         try:
-            writer.begin(1)
+            writer.begin(1, "query")
             outcomes.append("began")
         except ClientCallStuck:
             outcomes.append("abandoned")
@@ -96,9 +96,9 @@ def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_an
 
         successor = _TransactionalWriter(options, transactional_id, partitions)
         try:
-            assert successor.last_committed_batch() == 0
+            assert successor.last_committed_batch("query") == 0
             commit_sink_batch(successor, 1)
-            assert successor.last_committed_batch() == 1
+            assert successor.last_committed_batch("query") == 1
         finally:
             successor.close()
     print(outcomes)

@@ -28,22 +28,41 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
             _commit_batch(ours, batch)
             _commit_batch(other, batch + 100)
             _commit_batch(other, batch + 200)
-        assert ours.last_committed_batch() == 7  # from the group offset
-        assert other.last_committed_batch() == 207
+        assert ours.last_committed_batch("query") == 7  # from the group offset
+        assert other.last_committed_batch("query") == 207
         for group in ("scan-ours", other_id):
             admin.delete_consumer_groups([group])[group].result(30)
         assert ours.consumer.committed([ours.marker], timeout=30)[0].offset < 0
         # From the marker records now: ours sit between the other id's records and everyone's commit markers.
-        assert ours.last_committed_batch() == 7
-        assert other.last_committed_batch() == 207
+        assert ours.last_committed_batch("query") == 7
+        assert other.last_committed_batch("query") == 207
         fresh = _TransactionalWriter(options, "scan-never-committed", partitions)
         try:
-            assert fresh.last_committed_batch() is None
+            assert fresh.last_committed_batch("query") is None
         finally:
             fresh.close()
     finally:
         ours.close()
         other.close()
+
+
+def test_markers_of_another_query_under_the_same_id_are_not_this_querys(broker, topic_name):
+    """A transactionalIdPrefix reused with a new checkpoint: the old query's batch numbers say nothing of the
+    new query's, whether they are read from the group offset or from the marker records."""
+    options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
+                                  "commitMarkerTopic": f"{topic_name}-markers"})
+    partitions = prepare_exactly_once(options)
+    writer = _TransactionalWriter(options, "reused", partitions)
+    try:
+        for batch in (3, 7):
+            _commit_batch(writer, batch, query_id="old")
+        assert writer.last_committed_batch("old") == 7
+        assert writer.last_committed_batch("new") is None
+        _commit_batch(writer, 0, query_id="new")
+        assert writer.last_committed_batch("new") == 0  # the group offset is the new query's now
+        assert writer.last_committed_batch("old") == 7  # from its marker records
+    finally:
+        writer.close()
 
 
 def _sink_options(bootstrap: str, marker_topic: str):
@@ -103,9 +122,9 @@ def test_the_last_commit_is_found_after_partitions_were_added_to_the_marker_topi
     partition, must still be found, or a replayed batch would be written twice."""
     _, after = _writer_after_the_marker_topic_grew(broker.bootstrap_servers, topic_name)
     try:
-        assert after.last_committed_batch() == 4
+        assert after.last_committed_batch("query") == 4
         _commit_batch(after, 5)
-        assert after.last_committed_batch() == 5
+        assert after.last_committed_batch("query") == 5
     finally:
         after.close()
 
@@ -123,9 +142,9 @@ def test_the_last_commit_is_found_in_the_marker_records_after_partitions_were_ad
             assert all(c.offset < 0 for c in after.consumer.committed(everywhere, timeout=30))
 
         expire_offsets()
-        assert after.last_committed_batch() == 4
+        assert after.last_committed_batch("query") == 4
         _commit_batch(after, 5)  # on the new home partition; the old one still ends with batch 4
         expire_offsets()
-        assert after.last_committed_batch() == 5
+        assert after.last_committed_batch("query") == 5
     finally:
         after.close()

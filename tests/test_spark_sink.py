@@ -148,6 +148,23 @@ def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, brok
     assert prefixes == {f"sparkeos-{query_id}" for query_id in ids}
 
 
+def test_a_transactional_id_prefix_reused_with_a_new_checkpoint_writes_every_batch(spark, broker, tmp_path):
+    """A new checkpoint is a new query, whose batches start at 0 again: the markers the old query left under
+    the same transactional ids must not make the new query skip its batches."""
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"))
+    prefix = unique("shared")
+    expected = Counter()
+    for run in ("old", "new"):
+        source = create_topic(bootstrap, unique(run), 2)
+        values = [f"{run}{i}" for i in range(300)]
+        produce(bootstrap, source, values)
+        expected.update(v.encode() for v in values)
+        run_to_end(stream_of(spark, bootstrap, source, maxOffsetsPerTrigger="100").select("value"), bootstrap,
+                   str(tmp_path / run), topic=sink, transactionalIdPrefix=prefix)
+    assert Counter(read_committed(bootstrap, sink)) == expected
+
+
 def kafka_client_threads_of_python_workers() -> dict[int, int]:
     """librdkafka threads (named rdk:*) of each executor Python worker (pyspark.worker) under this process."""
     result = {}

@@ -12,8 +12,8 @@ Protocol
 1. One transactional.id per (sink, Spark partition): ``T = <prefix>-<p>``. The prefix is the option
    ``transactionalIdPrefix``, else ``sparkeos-<query id>``; Spark keeps the query id in the checkpoint,
    so a restarted query reuses its ids and two queries never share one.
-2. A durable commit marker "T has committed batch B" is written in the same Kafka transaction as the
-   records of (B, p), in two forms: the offset B+1 of group ``T`` on partition
+2. A durable commit marker "T has committed batch B of query Q" is written in the same Kafka transaction as
+   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T`` on partition
    ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
    require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
    ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
@@ -23,7 +23,8 @@ Protocol
    marker topic, which move T's home partition, cannot hide T's last commit.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
-   marker is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
+   marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
+   Another query's marker (a ``transactionalIdPrefix`` reused with a new checkpoint) counts as none.
    Otherwise it begins a transaction, produces the records, then the marker record and the marker
    offset, and commits. Any error aborts the transaction (or discards a fenced producer) and fails the
    task; Spark's retry decides again from step 3.
@@ -314,29 +315,40 @@ class _TransactionalWriter:
         self.producer.purge()
         self.producer.close()
 
-    def last_committed_batch(self, scan_records: bool = True) -> int | None:
-        """The newest batch T committed, or None; `scan_records=False` trusts a missing group offset."""
+    def last_committed_batch(self, query_id: str | None, scan_records: bool = True) -> int | None:
+        """The newest batch query `query_id` committed with T, or None; `scan_records=False` trusts a missing
+        group offset. Another query's marker (a transactionalIdPrefix reused with a new checkpoint) is not ours:
+        its batch numbers say nothing of this query's batches."""
         # Every partition, in one OffsetFetch: if partitions were added to the marker topic since T last
         # committed, T's home partition moved and its newest offset sits on the old one.
         everywhere = [TopicPartition(self.marker.topic, p) for p in range(self.marker_partitions)]
-        newest = -1
+        newest, owners = -1, set()
         for committed in self.consumer.committed(everywhere, timeout=self.timeout_s):
             if committed.error is not None:
                 raise KafkaException(committed.error)
-            newest = max(newest, committed.offset)
+            if committed.offset >= 0:
+                owners.add(committed.metadata or None)
+                if (committed.metadata or None) == query_id:
+                    newest = max(newest, committed.offset)
         if newest >= 0:
             return newest - 1
-        return self._scan_marker_records() if scan_records else None
+        if owners:
+            log.warning("%s last committed for query %s; query %s reuses the id (a transactionalIdPrefix "
+                        "reused with a new checkpoint) and writes its own batches", self.transactional_id,
+                        ", ".join(sorted(str(o) for o in owners)), query_id)
+        return self._scan_marker_records(query_id) if scan_records else None
 
-    def _scan_marker_records(self) -> int | None:
-        """The newest marker record of T, for when the group offset is gone (or never existed).
+    def _scan_marker_records(self, query_id: str | None) -> int | None:
+        """The newest marker record of T and `query_id`, for when the group offset is gone, never existed, or is
+        another query's.
 
         Every partition is read, as for the group offsets: the records T wrote before partitions were added
         sit on its old home partition."""
         with _scan_clusters.lease(json.dumps(connection_config(self.options.producer_config()), sort_keys=True),
                                   lambda: KafkaCluster(self.options.producer_config())) as cluster:
             ranges = self._decided_marker_ranges(cluster)
-        return max((value["batch"] for value in self._read_records(ranges)), default=None)
+        return max((value["batch"] for value in self._read_records(ranges) if value.get("query_id") == query_id),
+                   default=None)
 
     def _decided_marker_ranges(self, cluster: KafkaCluster) -> dict[tuple[str, int], tuple[int, int]]:
         """Per marker partition, [log start, high watermark), once no open transaction lies below the watermark."""
@@ -400,11 +412,11 @@ class _TransactionalWriter:
     def _describe_ranges(ends: dict[tuple[str, int], int], position: dict[tuple[str, int], int]) -> str:
         return ", ".join(f"{t}-{p} offsets [{position[(t, p)]}, {end})" for (t, p), end in ends.items())
 
-    def begin(self, batch: int) -> None:
+    def begin(self, batch: int, query_id: str | None) -> None:
         """Open the transaction with the marker offset first: a synchronous round trip that fails here,
         before any input is consumed, if another producer of this id has fenced us."""
         self.producer.begin_transaction()
-        offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1)]
+        offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1, metadata=query_id or "")]
         group = self.consumer.consumer_group_metadata()
         try:
             call_with_deadline(
@@ -466,14 +478,14 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     writer = _writers.acquire(key, create)
     try:
         for attempt in range(2):
-            committed = writer.last_committed_batch(scan_records=not one_write_id)
+            committed = writer.last_committed_batch(query_id, scan_records=not one_write_id)
             if committed is not None and committed >= batch:
                 skipped = _drain(first, rest)
                 log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
                          committed, skipped)
                 return SinkCommit(partition, batch, skipped, True, transactional_id)
             try:
-                writer.begin(batch)
+                writer.begin(batch, query_id)
                 break
             except (KafkaException, ClientCallStuck):
                 # Fenced (another worker initialised this id since we cached the producer), broken or stuck:
