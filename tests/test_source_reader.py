@@ -5,6 +5,7 @@ Correctness only; the stalls these paths avoid are measured by benchmarks/pipeli
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -89,3 +90,22 @@ def test_ranges_ending_at_the_end_of_a_transactional_partition_hold_only_committ
     assert [value for _, value in _read(options, "reader-txn", 0, 0, end)] == committed
     assert [value for _, value in _read(options, "reader-txn", 0, 9, end)] == committed[4:]  # from "2-1"
     assert _read(options, "reader-txn", 0, 22, end) == []  # aborted records and markers only
+
+
+def test_offsets_gone_from_kafka_fail_the_read_or_are_skipped_within_the_range(broker, reader_cache):
+    """failOnDataLoss=false reads what is left of the range: never records below it, and a log that now ends
+    below the range (a topic deleted and made again) ends the read at once rather than after a poll timeout."""
+    bootstrap = broker.bootstrap_servers
+    _topic_with_records(bootstrap, "gone", 40)  # 20 records per partition
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition("gone", 0, 15)])[TopicPartition("gone", 0, 15)].result(30)
+    strict = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "x"}, streaming=True)
+    lenient = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "x", "failOnDataLoss": "false",
+                                    "kafkaConsumer.pollTimeoutMs": "20000"}, streaming=True)
+    with pytest.raises(source.DataLossError, match="failOnDataLoss"):
+        _read(strict, "gone", 0, 10, 18)
+    assert _read(lenient, "gone", 0, 10, 18) == [(o, f"gone-{2 * o}".encode()) for o in range(15, 18)]
+    started = time.monotonic()
+    assert _read(lenient, "gone", 1, 30, 35) == []
+    assert time.monotonic() - started < 5
+    assert _read(lenient, "gone", 1, 5, 8) == [(o, f"gone-{2 * o + 1}".encode()) for o in range(5, 8)]

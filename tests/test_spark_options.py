@@ -129,8 +129,16 @@ def test_bad_source_options_name_the_option(options, named):
     assert named in error_of(source, **options)
 
 
-def test_batch_only_and_stream_only_options():
-    assert "not supported in batch" in error_of(source, streaming=False, subscribe="t", maxOffsetsPerTrigger="5")
+def test_batch_only_and_stream_only_options(caplog):
+    # As Spark: a stream's trigger options in a batch read are ignored with a warning; ending offsets in a stream
+    # are an error.
+    with caplog.at_level("WARNING", logger="sparkeos.options"):
+        assert source(streaming=False, subscribe="t", maxOffsetsPerTrigger="5", maxTriggerDelay="1s")
+    assert [r.getMessage() for r in caplog.records] == ["option 'maxOffsetsPerTrigger' is ignored in batch queries",
+                                                        "option 'maxTriggerDelay' is ignored in batch queries"]
+    assert "'minOffsetsPerTrigger' (10)" in error_of(source, streaming=False, subscribe="t",
+                                                     minOffsetsPerTrigger="10", maxOffsetsPerTrigger="5")
+    assert "'endingOffsets' is not supported in streaming" in error_of(source, subscribe="t", endingOffsets="latest")
     assert "'kafka.bootstrap.servers' is required" in error_of(parse_source_options, {"subscribe": "t"}, True)
 
 

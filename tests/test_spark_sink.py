@@ -245,6 +245,34 @@ def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, b
     assert Counter(read_committed(bootstrap, sink)) == Counter(values)
 
 
+def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark, broker):
+    """The input is computed while the task's transaction is open: slow upstream work makes Kafka abort it."""
+    import time
+
+    import pyarrow as pa
+
+    from sparkeos.spark.options import parse_sink_options
+    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"))
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink,
+                                  "kafka.transaction.timeout.ms": "1000"})
+    writer = KafkaBatchWriter(options, prepare_exactly_once(options))
+
+    def slow_input():
+        yield pa.record_batch({"value": pa.array([b"first"], pa.binary())})
+        time.sleep(4)  # upstream work, with the transaction open
+        yield pa.record_batch({"value": pa.array([b"late"], pa.binary())})
+
+    def write_partition(_rows):
+        yield writer.write(slow_input())
+
+    with pytest.raises(Exception, match=r"longer than option 'kafka.transaction.timeout.ms' \(1000 ms\)"):
+        spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
+    assert read_committed(bootstrap, sink) == []
+
+
 RETRY_SCRIPT = textwrap.dedent(
     """
     import os

@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 from spark_support import create_topic, produce, produce_transaction, unique, wait_for
+from sparkeos.spark import source as source_module
 from sparkeos.spark.options import parse_source_options
 from sparkeos.spark.source import KafkaStreamReader
 
@@ -183,7 +184,7 @@ def test_schema_is_spark_kafka_schema_and_headers_round_trip(spark, broker, tmp_
             "timestampType": 0,
             "headers": [{"key": k, "value": v} for k, v in headers],
         },
-        b"v1": {"key": None, "topic": topic, "partition": 0, "offset": 0, "timestampType": 0, "headers": []},
+        b"v1": {"key": None, "topic": topic, "partition": 0, "offset": 0, "timestampType": 0, "headers": None},
     }
     stream, _ = run_available_now(
         spark, bootstrap, tmp_path / "ck", subscribe=topic, includeHeaders="true", startingOffsets="earliest"
@@ -265,6 +266,19 @@ def test_subscribe_pattern_picks_up_new_topics_and_partitions_from_earliest(spar
         assert len(collected.rows) == 11
     finally:
         query.stop()
+
+
+def test_subscribe_pattern_is_found_anywhere_in_a_topic_name_as_in_spark(broker):
+    """Spark matches subscribePattern with Java's find(): `orders` picks `eu-orders-v2` too."""
+    from sparkeos.spark.cluster import KafkaCluster
+
+    bootstrap = broker.bootstrap_servers
+    mark = unique("orders").replace("-", "")
+    names = [create_topic(bootstrap, name) for name in (mark, f"eu-{mark}-v2", f"{mark}x")]
+    create_topic(bootstrap, unique("payments"))
+    cluster = KafkaCluster({"bootstrap.servers": bootstrap})
+    assert cluster.partitions_of(pattern=mark) == sorted((name, 0) for name in names)
+    assert cluster.partitions_of(pattern=f"^{mark}$") == [(mark, 0)]
 
 
 def test_assign_reads_only_the_listed_partitions(spark, broker, tmp_path):
@@ -376,6 +390,76 @@ def test_batch_zero_replayed_by_a_restarted_query_begins_where_it_first_began(br
     finally:
         first.stop()
         restarted.stop()
+        source_module._consumers.clear()  # the read above cached a consumer in this process
+
+
+def test_a_new_partition_that_lost_records_before_the_query_saw_it_is_data_loss(broker):
+    """Spark reads a partition added after the start from offset 0: a later log start means records were lost."""
+    bootstrap = broker.bootstrap_servers
+    topic, reader = stream_reader_on_filled_topic(bootstrap, "newloss")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        known = {topic: {"0": 10}}  # a checkpoint made when only partition 0 existed
+        assert reader.latestOffset(known, ReadAllAvailable()) == {topic: {"0": 10, "1": 10}}
+        admin.delete_records([TopicPartition(topic, 1, 4)])[TopicPartition(topic, 1, 4)].result(30)
+        with pytest.raises(Exception, match=f"new partition {topic}-1 starts at offset 4, not 0.*failOnDataLoss"):
+            reader.latestOffset(known, ReadAllAvailable())
+        lenient = KafkaStreamReader(parse_source_options(
+            {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "failOnDataLoss": "false"}, streaming=True))
+        end = lenient.latestOffset(known, ReadAllAvailable())
+        assert sorted((r.partition, r.start, r.end) for r in lenient.partitions(known, end)) == [(1, 4, 10)]
+        lenient.stop()
+    finally:
+        reader.stop()
+
+
+def test_an_end_that_went_back_is_read_on_from_with_fail_on_data_loss_false(broker):
+    """As Spark: a partition whose end is now below the checkpoint's offset (the topic was deleted and made
+    again) reads nothing in that batch, and the next batch starts at the new end, not at the old offset."""
+    bootstrap = broker.bootstrap_servers
+    topic, strict = stream_reader_on_filled_topic(bootstrap, "wentback")
+    reader = KafkaStreamReader(parse_source_options(
+        {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "failOnDataLoss": "false"}, streaming=True))
+    try:
+        checkpointed = {topic: {"0": 25, "1": 10}}
+        with pytest.raises(Exception, match=f"the end of {topic}-0 went back from 25 to 10"):
+            strict.latestOffset(checkpointed, ReadAllAvailable())
+        end = reader.latestOffset(checkpointed, ReadAllAvailable())
+        assert end == {topic: {"0": 10, "1": 10}}
+        assert reader.partitions(checkpointed, end) == []
+        fill(bootstrap, topic, 2, 3)
+        following = reader.latestOffset(end, ReadAllAvailable())
+        assert sorted((r.partition, r.start, r.end) for r in reader.partitions(end, following)) == [(0, 10, 13),
+                                                                                                   (1, 10, 13)]
+    finally:
+        strict.stop()
+        reader.stop()
+
+
+def test_offset_maps_must_name_exactly_the_partitions_read(broker):
+    from sparkeos.spark.source import OffsetPlanner
+
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("maps"), partitions=2)
+
+    def resolve(option: str, offsets: dict, **subscription: str):
+        options = parse_source_options({"kafka.bootstrap.servers": bootstrap, **subscription,
+                                        option: json.dumps(offsets)}, streaming=False)
+        planner = OffsetPlanner(options)
+        spec = options.starting if option == "startingOffsets" else options.ending
+        return planner.resolve(spec, planner.partitions(), ending=option == "endingOffsets")
+
+    for option in ("startingOffsets", "endingOffsets"):
+        with pytest.raises(ValueError, match=f"'{option}' names partitions that are not read: {topic}-2, other-0"):
+            resolve(option, {topic: {"0": 0, "1": 0, "2": 0}, "other": {"0": 0}}, subscribe=topic)
+        with pytest.raises(ValueError, match=f"'{option}' must give an offset for every partition; missing {topic}-1"):
+            resolve(option, {topic: {"0": 0}}, subscribe=topic)
+    # With a pattern, a partition left out of the start map starts at earliest; left out of the end map it is an
+    # error, not a partition silently read up to its start.
+    assert resolve("startingOffsets", {topic: {"1": 0}}, subscribePattern=f"^{topic}$") == {(topic, 0): 0,
+                                                                                            (topic, 1): 0}
+    with pytest.raises(ValueError, match=f"missing {topic}-1"):
+        resolve("endingOffsets", {topic: {"0": 0}}, subscribePattern=f"^{topic}$")
 
 
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
@@ -561,6 +645,23 @@ def test_min_partitions_and_max_records_per_partition_split_ranges(spark, broker
     )
     assert list(collected.spark_partitions.values()) == [5]
     assert len(collected.rows) == 100
+
+
+def test_min_partitions_shares_parts_as_spark_does():
+    """Spark's KafkaOffsetRangeCalculator: small ranges stay whole, the parts left go to the big ones, and a
+    share is rounded half up."""
+    from sparkeos.spark.source import plan_ranges
+
+    def sizes(begin: dict, end: dict, min_partitions: int) -> list[tuple[int, int]]:
+        return [(r.partition, r.size) for r in plan_ranges(begin, end, min_partitions, None)]
+
+    skewed = {("t", 0): 1, ("t", 1): 500, ("t", 2): 10_000}
+    # Shares of 4: 0.0004, 0.19 and 3.8 parts. The two small ranges keep one part each; 2 parts are left.
+    assert sizes(dict.fromkeys(skewed, 0), skewed, 4) == [(0, 1), (1, 500), (2, 5000), (2, 5000)]
+    # Shares of 10: 2.5 and 7.5 parts, rounded up to 3 and 8 (not to the even 2 and 8).
+    # Each part takes an even share of what is left: 30 in 8 parts is 3, 3, then six of 4.
+    assert sizes({("t", 0): 0, ("t", 1): 0}, {("t", 0): 10, ("t", 1): 30}, 10) == [(0, 3), (0, 3), (0, 4)] + [
+        (1, 3), (1, 3)] + [(1, 4)] * 6
 
 
 def test_ranges_larger_than_one_arrow_batch_read_every_record_once(spark, broker):
@@ -781,7 +882,6 @@ def test_commit_offsets_to_group_follows_the_batches(spark, broker, tmp_path):
         ({"subscribe": "t", "startingOffsets": "{t: 1}"}, "'startingOffsets' is not valid JSON"),
         ({"subscribe": "t", "startingOffsets": "group"}, "'kafka.group.id'"),
         ({"subscribe": "t", "kafka.enable.auto.commit": "true"}, "'kafka.enable.auto.commit'"),
-        ({"subscribe": "t", "maxOffsetsPerTrigger": "10"}, "'maxOffsetsPerTrigger' is not supported in batch"),
         ({"subscribe": "t", "startingOffsets": "latest"}, "'startingOffsets' cannot be 'latest' for batch"),
         ({"subscribe": "t", "startingOffsets": '{"t": {"0": -1}}'}, "t-0 cannot start at latest (-1) in batch"),
         ({"subscribe": "t", "endingOffsets": "earliest"}, "'endingOffsets' cannot be 'earliest'"),

@@ -39,6 +39,7 @@ TRANSIENT_ERRORS = frozenset({
     KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
 })
 RETRY_BACKOFF_S = 0.2
+KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 TopicPartitions = dict[str, dict[int, int]]
 
@@ -172,8 +173,10 @@ class KafkaCluster:
             return sorted((topic, partition) for topic, partitions in assign.items() for partition in partitions)
         existing = self.topics()
         if pattern is not None:
+            # As Spark's Kafka source: a topic matches if the pattern is found anywhere in its name (Java's
+            # find()), and Kafka's internal topics are never read.
             regex = re.compile(pattern)
-            names = [name for name in existing if regex.fullmatch(name) and not name.startswith("__")]
+            names = [name for name in existing if regex.search(name) and name not in KAFKA_INTERNAL_TOPICS]
         else:
             names = [name for name in topics if name in existing]
         return sorted((name, partition) for name in names for partition in range(existing[name]))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+log = logging.getLogger("sparkeos.options")
 
 # Options Spark itself adds to a data source's options.
 SPARK_OWNED = {"path", "checkpointlocation", "queryname"}
@@ -102,7 +105,9 @@ class SourceOptions:
         # A reader consumes exactly [start, end) and never commits: Spark's checkpoint owns positions.
         config["enable.auto.commit"] = "false"
         config["enable.partition.eof"] = "true"
-        config["auto.offset.reset"] = "error" if self.fail_on_data_loss else "earliest"
+        # Offsets gone from Kafka are reported to the reader, which fails or (failOnDataLoss=false) moves on
+        # within its range; a silent reset to earliest would read records below the range.
+        config["auto.offset.reset"] = "error"
         return config
 
     @property
@@ -221,10 +226,12 @@ def check_source_options(raw: Mapping[str, str]) -> None:
 
 def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptions:
     options = _Options(raw, SOURCE_OPTIONS, "sparkeos.kafka source")
-    for name in BATCH_ONLY_SOURCE_OPTIONS if streaming else STREAM_ONLY_SOURCE_OPTIONS:
+    for name in sorted(BATCH_ONLY_SOURCE_OPTIONS if streaming else STREAM_ONLY_SOURCE_OPTIONS):
+        if options.has(name) and streaming:
+            raise OptionError(f"option '{name}' is not supported in streaming queries")
         if options.has(name):
-            kind = "streaming" if streaming else "batch"
-            raise OptionError(f"option '{name}' is not supported in {kind} queries")
+            # As Spark: a batch read of a stream's options (the same DataFrame code run once) warns, no more.
+            log.warning("option '%s' is ignored in batch queries", name)
     for key, reason in SOURCE_OWNED_KAFKA.items():
         if options.has(key):
             raise OptionError(f"option '{key}' cannot be set: {reason}")

@@ -494,6 +494,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                 if attempt == 1:
                     raise
                 writer = _writers.acquire(key, create)
+        began = time.monotonic()
         try:
             records = writer.write_and_commit(batch, query_id, first, rest)
         except KafkaException as exc:
@@ -502,6 +503,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                 writer.abort_quietly()
             else:
                 _writers.forget(writer)
+            _raise_if_timed_out(options, transactional_id, time.monotonic() - began, exc)
             raise
         except BaseException:
             writer.abort_quietly()
@@ -512,6 +514,23 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         _writers.release(writer)
         if one_write_id:
             _writers.forget(writer)
+
+
+class TransactionTimedOut(RuntimeError):
+    """A task's transaction outlived kafka.transaction.timeout.ms, so Kafka aborted it."""
+
+
+def _raise_if_timed_out(options: SinkOptions, transactional_id: str, open_s: float, cause: Exception) -> None:
+    if open_s * 1000 <= options.transaction_timeout_ms:
+        return
+    # A retry would take as long and fail the same way: say what to change rather than what librdkafka saw.
+    raise TransactionTimedOut(
+        f"the transaction of {transactional_id} was open for {open_s:.1f} s, longer than option "
+        f"'kafka.transaction.timeout.ms' ({options.transaction_timeout_ms} ms), and Kafka aborted it. A task's "
+        "input is computed while its transaction is open, so the work upstream of the sink counts: raise the "
+        "option (up to the broker's transaction.max.timeout.ms) or give each task less input "
+        f"(more partitions, maxOffsetsPerTrigger). Kafka's error: {cause}"
+    ) from cause
 
 
 def _close_plain_producer(producer: Producer) -> None:

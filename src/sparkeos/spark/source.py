@@ -158,9 +158,15 @@ class OffsetPlanner:
 
     def _specific_offsets(self, spec: StartSpec, partitions: Sequence[Partition]) -> Offsets:
         given = {(t, p): o for t, parts in spec.offsets.items() for p, o in parts.items()}
-        if self.options.assign is not None or self.options.subscribe:
+        unknown = sorted(set(given) - set(partitions))
+        if unknown:
+            named = ", ".join(f"{t}-{p}" for t, p in unknown)
+            raise ValueError(f"option '{spec.option}' names partitions that are not read: {named}")
+        # Left out of a start map, a partition matched by subscribePattern starts at earliest, as new partitions
+        # do; left out of an end map it would silently read nothing.
+        if self.options.assign is not None or self.options.subscribe or spec.option != "startingOffsets":
             unmatched = sorted(set(partitions) - set(given))
-            if unmatched and spec.option == "startingOffsets":
+            if unmatched:
                 named = ", ".join(f"{t}-{p}" for t, p in unmatched)
                 raise ValueError(f"option '{spec.option}' must give an offset for every partition; missing {named}")
         earliest = [p for p, o in given.items() if o == EARLIEST]
@@ -205,6 +211,19 @@ class OffsetPlanner:
         for partition in partitions:
             resolved.setdefault(partition, latest[partition])
         return resolved
+
+    def start_of_new_partitions(self, new: Sequence[Partition]) -> Offsets:
+        """Partitions that appeared after the query started are read from their beginning, offset 0: if their
+        log starts later, records were deleted before the query could see them."""
+        earliest = self.cluster.earliest(new)
+        log.info("new partitions %s are read from earliest", sorted(new))
+        for (topic, partition), offset in sorted(earliest.items()):
+            if offset != 0:
+                what = f"new partition {topic}-{partition} starts at offset {offset}, not 0"
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(data_loss_message(what))
+                log.warning("%s: records were lost before the query saw the partition", what)
+        return earliest
 
     def check_data_loss(self, start: Offsets, partitions: Sequence[Partition]) -> Offsets:
         """Where planned start offsets are gone, fail or (failOnDataLoss=false) move to what is left."""
@@ -260,16 +279,36 @@ def plan_ranges(begin: Offsets, end: Offsets, min_partitions: int | None,
     if max_records:
         ranges = [piece for r in ranges for piece in _split(r, math.ceil(r.size / max_records))]
     if min_partitions and len(ranges) < min_partitions:
-        total = sum(r.size for r in ranges)
-        ranges = [piece for r in ranges for piece in _split(r, max(round(r.size / total * min_partitions), 1))]
+        ranges = _spread_over(ranges, min_partitions)
     return ranges
 
 
+def _spread_over(ranges: list[KafkaRange], min_partitions: int) -> list[KafkaRange]:
+    """Spark's KafkaOffsetRangeCalculator: ranges too small for a second part stay whole, and the parts left
+    are shared among the others in proportion to their sizes (rounded half up)."""
+    def parts(size: int, total: int, wanted: int) -> int:
+        return max(math.floor(size / total * wanted + 0.5), 1)
+
+    total = sum(r.size for r in ranges)
+    whole = {id(r) for r in ranges if parts(r.size, total, min_partitions) == 1}
+    split_total = sum(r.size for r in ranges if id(r) not in whole)
+    split_parts = max(min_partitions - len(whole), 1)
+    return [piece for r in ranges
+            for piece in ([r] if id(r) in whole else _split(r, parts(r.size, split_total, split_parts)))]
+
+
 def _split(whole: KafkaRange, parts: int) -> list[KafkaRange]:
+    """As Spark: each part takes an even share of what is left, so the later parts take the remainder."""
     if parts <= 1:
         return [whole]
-    bounds = [whole.start + (whole.size * i) // parts for i in range(parts + 1)]
-    return [KafkaRange(whole.topic, whole.partition, a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    pieces, start, remaining = [], whole.start, whole.size
+    for part in range(parts):
+        size = remaining // (parts - part)
+        remaining -= size
+        if size:
+            pieces.append(KafkaRange(whole.topic, whole.partition, start, start + size))
+        start += size
+    return pieces
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -278,7 +317,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner: OffsetPlanner | None = None
         self.latest_seen: Offsets | None = None
         self.available_now_target: Offsets | None = None
-        self.last_trigger_ms = time.time() * 1000
+        # As Spark's: no batch yet, so maxTriggerDelay has long passed and minOffsetsPerTrigger does not hold
+        # back the first batch of a start.
+        self.last_trigger_ms = 0.0
         self._group_committer = None
         self._group_committed: Offsets | None = None
         self._initial: dict | None = None
@@ -332,8 +373,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self.planner.check_data_loss(begin, partitions)
         new = [p for p in partitions if p not in begin]
         if new:
-            log.info("new partitions %s are read from earliest", new)
-            begin.update(self.planner.cluster.earliest(new))
+            begin.update(self.planner.start_of_new_partitions(new))
         if self.available_now_target is not None:
             self._settle_starts_past_the_target(begin, latest)
         for partition in partitions:
@@ -342,7 +382,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         f"to {latest[partition]}")
                 if self.options.fail_on_data_loss:
                     raise DataLossError(data_loss_message(what))
-                latest[partition] = begin[partition]
+                # As Spark: nothing is read there in this batch, and the next one starts at the new end (a topic
+                # deleted and made again is read from its new records on).
+                log.warning("%s; reading on from %d", what, latest[partition])
         end = self._admit(begin, latest, limit)
         if end == decode_offsets(start):
             # The very same offsets: Spark compares them as JSON, and must see no new data.
@@ -388,7 +430,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finish = decode_offsets(end)
         new = [p for p in finish if p not in begin]
         if new:
-            begin.update(self.planner.cluster.earliest(new))
+            begin.update(self.planner.start_of_new_partitions(new))
         return plan_ranges(begin, finish, self.options.min_partitions, self.options.max_records_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -471,11 +513,12 @@ class _ArrowBuilder:
         self.values.append(message.value())
         self.offsets.append(message.offset())
         kind, timestamp = message.timestamp()
-        self.timestamps.append(timestamp * 1000 if kind else None)
+        # Spark turns a missing timestamp (-1) into -1 ms, not null.
+        self.timestamps.append(timestamp * 1000 if kind else -1000)
         # librdkafka: 0 none, 1 create time, 2 log append time; Spark: -1, 0, 1.
         self.types.append(kind - 1)
         if self.include_headers:
-            self.headers.append(message.headers() or [])
+            self.headers.append(message.headers())  # None without headers: null, as in Spark
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -543,9 +586,17 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
                     if offset >= next_offset:
                         next_offset = offset + 1
                     continue
-                if _take(message, task, builder, options.fail_on_data_loss):
-                    done = True
-                    break
+                try:
+                    if _take(message, task, builder, options.fail_on_data_loss):
+                        done = True
+                        break
+                except _OffsetsGone:
+                    resumed = _resume_after_lost_offsets(consumer, task, next_offset, timeout_s)
+                    if resumed is None:
+                        done = True
+                        break
+                    next_offset = resumed
+                    continue
                 next_offset = max(next_offset, message.offset() + 1)
             if len(builder) >= ROWS_PER_ARROW_BATCH:
                 yield builder.build()
@@ -553,6 +604,30 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
             yield builder.build()
     finally:
         consumer.unassign()
+
+
+class _OffsetsGone(Exception):
+    """The reader's position is no longer in Kafka, and failOnDataLoss=false."""
+
+
+def _resume_after_lost_offsets(consumer: Consumer, task: KafkaRange, position: int, timeout_s: float) -> int | None:
+    """Where reading goes on within the range once `position` is gone from Kafka; None if nothing of it is left.
+
+    As Spark's reader: the records still in Kafka are read, and a log that now ends below `position` (the topic
+    was deleted and made again) ends the range."""
+    partition = TopicPartition(task.topic, task.partition)
+    low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s, cached=False)
+    name = f"{task.topic}-{task.partition}"
+    if position >= high or low >= task.end:
+        log.warning("offsets [%d, %d) of %s are gone (Kafka now holds [%d, %d)); failOnDataLoss=false skips them",
+                    position, task.end, name, low, high)
+        return None
+    resume = max(position, low)
+    log.warning("offsets [%d, %d) of %s are gone; failOnDataLoss=false reads on from %d", position, resume, name,
+                resume)
+    # Not seek(): librdkafka stopped fetching the partition at the error, and refuses to seek it.
+    consumer.assign([TopicPartition(task.topic, task.partition, resume)])
+    return resume
 
 
 def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: bool) -> bool:
@@ -567,7 +642,7 @@ def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: 
                 raise DataLossError(data_loss_message(
                     f"offsets [{task.start}, {task.end}) of {task.topic}-{task.partition} are no longer in Kafka"
                 ))
-            return False
+            raise _OffsetsGone()
         raise KafkaException(error)
     offset = message.offset()
     if offset >= task.end:
