@@ -462,6 +462,26 @@ def test_offset_maps_must_name_exactly_the_partitions_read(broker):
         resolve("endingOffsets", {topic: {"0": 0}}, subscribePattern=f"^{topic}$")
 
 
+def test_min_offsets_per_trigger_does_not_hold_back_the_first_batch_of_a_start(broker):
+    """As Spark's source: no batch has run since the start, so maxTriggerDelay has passed already."""
+    from pyspark.sql.streaming.datasource import ReadMinRows
+
+    bootstrap = broker.bootstrap_servers
+    topic, _unused = stream_reader_on_filled_topic(bootstrap, "firstmin")
+    _unused.stop()
+    reader = KafkaStreamReader(parse_source_options(
+        {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest",
+         "minOffsetsPerTrigger": "1000"}, streaming=True))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadMinRows(1000))
+        assert end[topic] == {"0": 10, "1": 10}, "20 records waited for 1000 at the start"
+        fill(bootstrap, topic, 2, 1)
+        assert reader.latestOffset(end, ReadMinRows(1000)) is end  # from now on the minimum holds
+    finally:
+        reader.stop()
+
+
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("end"), partitions=2)
