@@ -485,6 +485,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                          committed, skipped)
                 return SinkCommit(partition, batch, skipped, True, transactional_id)
             try:
+                began = time.monotonic()
                 writer.begin(batch, query_id)
                 break
             except (KafkaException, ClientCallStuck):
@@ -494,7 +495,6 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                 if attempt == 1:
                     raise
                 writer = _writers.acquire(key, create)
-        began = time.monotonic()
         try:
             records = writer.write_and_commit(batch, query_id, first, rest)
         except KafkaException as exc:

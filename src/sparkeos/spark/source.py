@@ -413,7 +413,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _admit(self, begin: Offsets, latest: Offsets, limit: ReadLimit) -> Offsets:
         if isinstance(limit, ReadAllAvailable):
             return latest
-        available = sum(latest[p] - begin[p] for p in latest)
+        available = sum(max(latest[p] - begin[p], 0) for p in latest)  # an end that went back adds nothing
         # Under Trigger.AvailableNow a delayed batch would end the query short of its target: no minimum there.
         minimum = self.options.min_offsets_per_trigger if self.available_now_target is None else None
         waited_ms = time.time() * 1000 - self.last_trigger_ms
