@@ -482,6 +482,25 @@ def test_min_offsets_per_trigger_does_not_hold_back_the_first_batch_of_a_start(b
         reader.stop()
 
 
+def test_spark_replays_an_unfinished_batch_zero_from_the_start_it_first_had(spark, broker, tmp_path):
+    """After a restart, Spark begins an unfinished batch 0 at the source's initialOffset() asked afresh: `latest`
+    (here a changed startingOffsets) is then another place. The start kept in batch 0's end offsets wins."""
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("replay0"))
+    fill(bootstrap, topic, 1, 10)
+    checkpoint = tmp_path / "ck"
+    first, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic,
+                                 startingOffsets=json.dumps({topic: {"0": 2}}))
+    assert placed(first.rows) == offsets(topic, {0: range(2, 10)})
+    # The driver died after batch 0 was planned and before Spark's commit log recorded it.
+    (checkpoint / "commits" / "0").unlink()
+    (checkpoint / "commits" / ".0.crc").unlink(missing_ok=True)
+    replayed, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic,
+                                    startingOffsets=json.dumps({topic: {"0": 6}}))
+    assert sorted(replayed.batches) == [0]
+    assert placed(replayed.rows) == offsets(topic, {0: range(2, 10)})
+
+
 def test_ending_offsets_latest_and_per_partition_json(spark, broker):
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("end"), partitions=2)
