@@ -211,19 +211,10 @@ class _Rows:
             _produce(producer, args)
 
     def _produce_simple(self, producer: Producer, keys: list, on_delivery) -> None:
-        """Value, key and the sink's topic: positional arguments, no dict per record (the sink's hot loop)."""
-        topic, produce = self.default_topic, producer.produce
-        for value, key in zip(self.values, keys, strict=True):
-            try:
-                if on_delivery is None:
-                    produce(topic, value, key)
-                else:
-                    produce(topic, value, key, on_delivery=on_delivery)
-            except BufferError:
-                args = {"topic": topic, "value": value, "key": key}
-                if on_delivery is not None:
-                    args["on_delivery"] = on_delivery
-                _produce(producer, args)
+        """Value, key and the sink's topic: one produce_batch call per Arrow batch (the sink's hot loop; 0.40-0.60
+        against 0.86 s per 500,000 records for a produce() call each)."""
+        messages = [{"value": value, "key": key} for value, key in zip(self.values, keys, strict=True)]
+        _produce_batch_in_order(producer, self.default_topic, messages, on_delivery)
 
     def _row(self, i: int, key) -> dict:
         topic = self.topics[i] if self.topics is not None and self.topics[i] is not None else self.default_topic
@@ -251,6 +242,26 @@ def _produce(producer: Producer, args: dict) -> None:
             return
         except BufferError:
             producer.poll(0.05)  # local queue full: let deliveries drain
+
+
+def _produce_batch_in_order(producer: Producer, topic: str, messages: list[dict], on_delivery) -> None:
+    """Queue `messages` in order, waiting for room whenever the producer's queue is full."""
+    extra = {} if on_delivery is None else {"on_delivery": on_delivery}
+    while messages:
+        queued = producer.produce_batch(topic, messages, **extra)
+        if queued == len(messages):
+            return
+        # librdkafka queues a batch's messages in order and stops at the first that does not fit; no room can
+        # free up meanwhile, as delivered messages are released only by poll(). Anything else is an error.
+        first = next(i for i, message in enumerate(messages) if "_error" in message)
+        error = messages[first]["_error"]
+        rest = messages[first:]
+        if error.code() != KafkaError._QUEUE_FULL or queued != first or any("_error" not in m for m in rest):
+            raise KafkaException(error)
+        for message in rest:
+            del message["_error"]
+        messages = rest
+        producer.poll(0.05)  # local queue full: let deliveries drain
 
 
 def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
