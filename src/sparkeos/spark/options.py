@@ -227,11 +227,12 @@ def check_source_options(raw: Mapping[str, str]) -> None:
 def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptions:
     options = _Options(raw, SOURCE_OPTIONS, "sparkeos.kafka source")
     for name in sorted(BATCH_ONLY_SOURCE_OPTIONS if streaming else STREAM_ONLY_SOURCE_OPTIONS):
-        if options.has(name) and streaming:
+        if not options.has(name):
+            continue
+        if streaming:
             raise OptionError(f"option '{name}' is not supported in streaming queries")
-        if options.has(name):
-            # As Spark: a batch read of a stream's options (the same DataFrame code run once) warns, no more.
-            log.warning("option '%s' is ignored in batch queries", name)
+        # As Spark: a batch read of a stream's options (the same DataFrame code run once) warns, no more.
+        log.warning("option '%s' is ignored in batch queries", name)
     for key, reason in SOURCE_OWNED_KAFKA.items():
         if options.has(key):
             raise OptionError(f"option '{key}' cannot be set: {reason}")

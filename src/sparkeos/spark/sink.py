@@ -275,13 +275,13 @@ def _drain(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> int:
     return (first.num_rows if first is not None else 0) + sum(b.num_rows for b in rest)
 
 
-def _task_context() -> tuple[int, int, str | None, int]:
+def _task_context() -> tuple[int, int, str | None]:
     context = TaskContext.get()
     if context is None:
         raise RuntimeError("the sparkeos.kafka sink must run inside a Spark task")
     batch = context.getLocalProperty("streaming.sql.batchId")
     query = context.getLocalProperty("sql.streaming.queryId")
-    return context.partitionId(), int(batch) if batch is not None else 0, query, context.attemptNumber()
+    return context.partitionId(), int(batch) if batch is not None else 0, query
 
 
 def marker_partition(transactional_id: str, marker_partitions: int) -> int:
@@ -338,8 +338,9 @@ class _TransactionalWriter:
             if committed.error is not None:
                 raise KafkaException(committed.error)
             if committed.offset >= 0:
-                owners.add(committed.metadata or None)
-                if (committed.metadata or None) == query_id:
+                owner = committed.metadata or None
+                owners.add(owner)
+                if owner == query_id:
                     newest = max(newest, committed.offset)
         if newest >= 0:
             return newest - 1
@@ -597,7 +598,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.marker_partitions = marker_partitions
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition, batch, query_id, _attempt = _task_context()
+        partition, batch, query_id = _task_context()
         if self.options.delivery_guarantee != "exactly_once":
             return write_without_transactions(self.options, batch, iterator)
         prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
@@ -621,7 +622,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
         self.write_id = uuid.uuid4().hex[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition, _batch, _query, _attempt = _task_context()
+        partition, _batch, _query = _task_context()
         if self.options.delivery_guarantee != "exactly_once":
             return write_without_transactions(self.options, 0, iterator)
         prefix = self.options.transactional_id_prefix or "sparkeos"

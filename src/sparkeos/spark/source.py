@@ -430,7 +430,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finish = decode_offsets(end)
         new = [p for p in finish if p not in begin]
         if new:
-            begin.update(self.planner.start_of_new_partitions(new))
+            # latestOffset checked these for data loss as it planned the batch.
+            begin.update(self.planner.cluster.earliest(new))
         return plan_ranges(begin, finish, self.options.min_partitions, self.options.max_records_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
