@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -129,6 +130,19 @@ def pipeline_job_args(bootstrap: str, source: str, sink: str, checkpoint: Path, 
     return ["--bootstrap", bootstrap, "--source", source, "--sink", sink, "--checkpoint", str(checkpoint), *options]
 
 
+# A Python traceback's last line ("sparkeos.spark.sink.TransactionTimedOut: ..."), or any line naming an error class.
+EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*: |\b[A-Z]\w*(?:Error|Exception)\b(?:: |$)")
+
+
+def exception_lines(lines: list[str], most: int = 8, width: int = 400) -> list[str]:
+    """The distinct lines that name an exception, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for line in lines:
+        if EXCEPTION_LINE.search(line) and not line.lstrip().startswith("at "):
+            seen.setdefault(line.strip()[:width], None)
+    return list(seen)[:most]
+
+
 class Driver:
     """One run of tests/spark_pipeline_job.py, in a session of its own, output in log files."""
 
@@ -171,9 +185,12 @@ class Driver:
         raise AssertionError(f"driver did not start its query in {timeout_s} s:\n{self.error_tail()}")
 
     def error_tail(self, lines: int = 40) -> str:
+        """The end of the driver's stderr, then the exceptions it names: last, so that a shortened report of a
+        failure (which keeps its end) still says what killed the query, not only Spark's plan dump."""
         path = Path(str(self.stdout_path).replace(".out", ".err"))
         text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        own = [line for line in text.splitlines() if not line.startswith("%")]  # librdkafka's log lines
+        return "\n".join(own[-lines:]) + "\n--- exceptions in the driver's log ---\n" + "\n".join(exception_lines(own))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

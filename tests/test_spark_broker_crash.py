@@ -38,6 +38,11 @@ STARTUP_TIMEOUT_S = 240
 # After a restart the query must commit a batch again within this long. Spark tasks blocked in a librdkafka
 # call that never returned (the sink abandons such a producer after 20 s) stalled it for 10 minutes.
 RECOVERY_TIMEOUT_S = 120
+# An outage counts against the transaction a task has open, and local[2] does not retry a failed task. The job's
+# 10 s default is there so that a killed driver's transactions end soon, and no driver is killed here; an outage
+# and the reconnection after it outlasted 10 s (broker kills against one sink writer: 1 or 2 TransactionTimedOut
+# per 90 s). 60 s is the default of librdkafka and of Kafka's producer.
+TRANSACTION_TIMEOUT_MS = 60_000
 
 
 @dataclass
@@ -84,6 +89,7 @@ def test_broker_killed_at_random_moments_query_rides_through_and_output_stays_ex
         pipeline_job_args(
             bootstrap, source, sink, checkpoint, "--master", "local[2]", "--transactional-id-prefix",
             unique("outage"), "--max-offsets-per-trigger", "1000",
+            "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
         ),
     )
     feeder = InputFeeder(bootstrap, source, seed, pause_s=0.3)

@@ -58,7 +58,7 @@ def test_kafka_options_pass_through_to_the_client():
     assert parsed.read_committed is False
 
 
-def test_every_client_reaches_a_new_broker_after_25_ms_not_50():
+def test_every_client_reaches_a_new_broker_after_25_ms_not_50_and_a_restarted_one_within_a_second():
     # librdkafka waits half of reconnect.backoff.ms before its first connection to a broker named by metadata.
     consumer = source(subscribe="a").consumer_config()
     producer = sink(topic="out").producer_config()
@@ -66,6 +66,10 @@ def test_every_client_reaches_a_new_broker_after_25_ms_not_50():
     # The sink's marker consumer and the driver's admin clients take the connection settings from these.
     assert connection_config(producer)["reconnect.backoff.ms"] == "50"
     assert connection_config(consumer)["reconnect.backoff.ms"] == "50"
+    # The Java client's reconnect.backoff.max.ms: librdkafka's 10 s let a 3 s broker restart stall a task for
+    # 10 s or more, past a 10 s transaction timeout.
+    for config in (consumer, producer, connection_config(consumer), connection_config(producer)):
+        assert config["reconnect.backoff.max.ms"] == "1000"
     assert sink(topic="out", **{"kafka.reconnect.backoff.ms": "200"}).producer_config()["reconnect.backoff.ms"] == "200"
     assert source(subscribe="a", **{"kafka.reconnect.backoff.ms": "5"}).consumer_config()["reconnect.backoff.ms"] == "5"
 

@@ -28,7 +28,10 @@ DEFAULT_MARKER_TOPIC = "_sparkeos_sink_commits"
 # A new librdkafka client connects to a broker it learned from metadata only after half of reconnect.backoff.ms:
 # with librdkafka's 100 ms, every new consumer, producer and admin client waited 52 ms once (measured against the
 # embedded broker; 26 ms at 50). 50 ms is the Java client's default, which Spark's own Kafka connector runs with.
-CONNECTION_DEFAULTS = {"reconnect.backoff.ms": "50"}
+# Its backoff also grows to 10 s where the Java client's stops at 1 s: a broker restarted after a 3 s outage then
+# stayed unreached for up to 10 s more, past a 10 s transaction timeout (1 and 2 failed tasks in two 90 s runs of
+# broker kills against one sink writer; 0 and 0 at 1 s).
+CONNECTION_DEFAULTS = {"reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "1000"}
 
 
 class OptionError(ValueError):

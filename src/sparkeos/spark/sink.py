@@ -535,11 +535,13 @@ class TransactionTimedOut(RuntimeError):
 def _raise_if_timed_out(options: SinkOptions, transactional_id: str, open_s: float, cause: Exception) -> None:
     if open_s * 1000 <= options.transaction_timeout_ms:
         return
-    # A retry would take as long and fail the same way: say what to change rather than what librdkafka saw.
+    # Unless Kafka was unreachable meanwhile, a retry would take as long and fail the same way: say what to change
+    # rather than what librdkafka saw.
     raise TransactionTimedOut(
         f"the transaction of {transactional_id} was open for {open_s:.1f} s, longer than option "
         f"'kafka.transaction.timeout.ms' ({options.transaction_timeout_ms} ms), and Kafka aborted it. A task's "
-        "input is computed while its transaction is open, so the work upstream of the sink counts: raise the "
+        "input is computed while its transaction is open, so the work upstream of the sink counts, as does any time "
+        "Kafka was unreachable: raise the "
         "option (up to the broker's transaction.max.timeout.ms) or give each task less input "
         f"(more partitions, maxOffsetsPerTrigger). Kafka's error: {cause}"
     ) from cause
