@@ -540,10 +540,9 @@ def _raise_if_timed_out(options: SinkOptions, transactional_id: str, open_s: flo
     raise TransactionTimedOut(
         f"the transaction of {transactional_id} was open for {open_s:.1f} s, longer than option "
         f"'kafka.transaction.timeout.ms' ({options.transaction_timeout_ms} ms), and Kafka aborted it. A task's "
-        "input is computed while its transaction is open, so the work upstream of the sink counts, as does any time "
-        "Kafka was unreachable: raise the "
-        "option (up to the broker's transaction.max.timeout.ms) or give each task less input "
-        f"(more partitions, maxOffsetsPerTrigger). Kafka's error: {cause}"
+        "input is computed while its transaction is open, so the work upstream of the sink counts, as does any "
+        "time Kafka was unreachable: raise the option (up to the broker's transaction.max.timeout.ms) or give "
+        f"each task less input (more partitions, maxOffsetsPerTrigger). Kafka's error: {cause}"
     ) from cause
 
 

@@ -290,11 +290,11 @@ def _spread_over(ranges: list[KafkaRange], min_partitions: int) -> list[KafkaRan
         return max(math.floor(size / total * wanted + 0.5), 1)
 
     total = sum(r.size for r in ranges)
-    whole = {id(r) for r in ranges if parts(r.size, total, min_partitions) == 1}
-    split_total = sum(r.size for r in ranges if id(r) not in whole)
-    split_parts = max(min_partitions - len(whole), 1)
-    return [piece for r in ranges
-            for piece in ([r] if id(r) in whole else _split(r, parts(r.size, split_total, split_parts)))]
+    stays_whole = [parts(r.size, total, min_partitions) == 1 for r in ranges]
+    split_total = sum(r.size for r, whole in zip(ranges, stays_whole, strict=True) if not whole)
+    split_parts = max(min_partitions - sum(stays_whole), 1)
+    return [piece for r, whole in zip(ranges, stays_whole, strict=True)
+            for piece in ([r] if whole else _split(r, parts(r.size, split_total, split_parts)))]
 
 
 def _split(whole: KafkaRange, parts: int) -> list[KafkaRange]:
