@@ -4,6 +4,7 @@ Correctness only; the stalls these paths avoid are measured by benchmarks/pipeli
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 
@@ -13,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.spark import source
 from sparkeos.spark.cluster import learn_topic
+from sparkeos.spark.gcpause import cyclic_gc_paused
 from sparkeos.spark.options import parse_source_options
 from sparkeos.spark.source import KafkaRange, read_range
 
@@ -109,3 +111,38 @@ def test_offsets_gone_from_kafka_fail_the_read_or_are_skipped_within_the_range(b
     assert _read(lenient, "gone", 1, 30, 35) == []
     assert time.monotonic() - started < 5
     assert _read(lenient, "gone", 1, 5, 8) == [(o, f"gone-{2 * o + 1}".encode()) for o in range(5, 8)]
+
+
+def test_the_cyclic_gc_is_paused_while_a_range_is_read_and_restored_however_the_read_ends(broker, reader_cache):
+    options = parse_source_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": "x"},
+                                   streaming=True)
+    _topic_with_records(broker.bootstrap_servers, "reader-gc", 40)
+    assert gc.isenabled()
+    whole = read_range(options, KafkaRange("reader-gc", 0, 0, 20))
+    first = next(whole)
+    assert not gc.isenabled()  # between batches too: Spark serializes a batch while the reader waits at yield
+    assert [first, *whole] and gc.isenabled()
+    abandoned = read_range(options, KafkaRange("reader-gc", 1, 0, 20))
+    next(abandoned)
+    abandoned.close()  # a task that stops reading early
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert _read(options, "reader-gc", 0, 0, 20)
+        assert not gc.isenabled()  # paused by someone else before: left paused
+    finally:
+        gc.enable()
+
+
+def test_nested_and_overlapping_pauses_restore_the_collector_after_the_last_one():
+    assert gc.isenabled()
+    outer, inner = cyclic_gc_paused(), cyclic_gc_paused()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the first one to end is not the last
+    assert not gc.isenabled()
+    inner.__exit__(None, None, None)
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        raise RuntimeError("a failing task")
+    assert gc.isenabled()

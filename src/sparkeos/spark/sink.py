@@ -70,6 +70,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 from . import failpoints
 from .clients import PRODUCER_TIMEOUT_ENV, ClientCache, ClientCallStuck, call_with_deadline
 from .cluster import WARMUP_TIMEOUT_S, KafkaCluster, connect_to_a_known_broker, connection_config, learn_topic
+from .gcpause import cyclic_gc_paused
 from .options import SinkOptions
 from .source import HEADERS_TYPE
 
@@ -600,11 +601,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         partition, batch, query_id = _task_context()
-        if self.options.delivery_guarantee != "exactly_once":
-            return write_without_transactions(self.options, batch, iterator)
-        prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
-        return write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id, self.marker_partitions,
-                                  iterator)
+        with cyclic_gc_paused():
+            if self.options.delivery_guarantee != "exactly_once":
+                return write_without_transactions(self.options, batch, iterator)
+            prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
+            return write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id,
+                                      self.marker_partitions, iterator)
 
     def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         failpoints.fire("sink.driver_commit")
@@ -624,11 +626,12 @@ class KafkaBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         partition, _batch, _query = _task_context()
-        if self.options.delivery_guarantee != "exactly_once":
-            return write_without_transactions(self.options, 0, iterator)
-        prefix = self.options.transactional_id_prefix or "sparkeos"
-        return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
-                                  self.marker_partitions, iterator, one_write_id=True)
+        with cyclic_gc_paused():
+            if self.options.delivery_guarantee != "exactly_once":
+                return write_without_transactions(self.options, 0, iterator)
+            prefix = self.options.transactional_id_prefix or "sparkeos"
+            return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
+                                      self.marker_partitions, iterator, one_write_id=True)
 
     def commit(self, messages: list) -> None:
         log.info(report_commit(messages, 0, self.options.delivery_guarantee))

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - older pyspark
 
 from .clients import CONSUMER_TIMEOUT_ENV, ClientCache
 from .cluster import KafkaCluster, learn_topic
+from .gcpause import cyclic_gc_paused
 from .options import EARLIEST, LATEST, SourceOptions, StartSpec
 
 log = logging.getLogger("sparkeos.source")
@@ -510,16 +511,31 @@ class _ArrowBuilder:
         self.headers: list = []
 
     def add(self, message) -> None:
-        self.keys.append(message.key())
-        self.values.append(message.value())
-        self.offsets.append(message.offset())
-        kind, timestamp = message.timestamp()
-        # Spark turns a missing timestamp (-1) into -1 ms, not null.
-        self.timestamps.append(timestamp * 1000 if kind else -1000)
-        # librdkafka: 0 none, 1 create time, 2 log append time; Spark: -1, 0, 1.
-        self.types.append(kind - 1)
-        if self.include_headers:
-            self.headers.append(message.headers())  # None without headers: null, as in Spark
+        """Add one record (a message without error)."""
+        self.add_records_below([message], message.offset() + 1)
+
+    def add_records_below(self, messages: list, end: int) -> int:
+        """Add the leading messages that are records with offsets below `end`; return how many were added.
+
+        The reader's hot loop: per record, a method call to add() cost as much as the rest of the loop."""
+        keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
+        timestamps, types, headers = self.timestamps.append, self.types.append, self.headers.append
+        include_headers = self.include_headers
+        before = len(self.offsets)
+        for message in messages:
+            if message.error() is not None or (offset := message.offset()) >= end:
+                break
+            keys(message.key())
+            values(message.value())
+            offsets(offset)
+            kind, timestamp = message.timestamp()
+            # Spark turns a missing timestamp (-1) into -1 ms, not null.
+            timestamps(timestamp * 1000 if kind else -1000)
+            # librdkafka: 0 none, 1 create time, 2 log append time; Spark: -1, 0, 1.
+            types(kind - 1)
+            if include_headers:
+                headers(message.headers())  # None without headers: null, as in Spark
+        return len(self.offsets) - before
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -549,7 +565,8 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
     if not isinstance(task, KafkaRange) or task.start >= task.end:
         return
     config = options.consumer_config()
-    with _consumers.lease(json.dumps(config, sort_keys=True), lambda: Consumer(config)) as consumer:
+    with _consumers.lease(json.dumps(config, sort_keys=True), lambda: Consumer(config)) as consumer, \
+            cyclic_gc_paused():
         yield from _read_assigned(consumer, options, task)
 
 
@@ -561,7 +578,6 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
     timeout_s = options.poll_timeout_ms / 1000
     next_offset = task.start
     last_offset = task.end - 1
-    add = builder.add
     try:
         done = False
         while not done:
@@ -579,14 +595,12 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
                     )
                 continue
             idle_since = time.monotonic()
-            for message in messages:
-                # Inlined for the common message, a record short of the range's last offset: per record,
-                # a call to _take costs as much as the rest of the loop. Everything else goes to _take.
-                if message.error() is None and (offset := message.offset()) < last_offset:
-                    add(message)
-                    if offset >= next_offset:
-                        next_offset = offset + 1
-                    continue
+            # The common message, a record short of the range's last offset, in bulk; everything after the
+            # first other one (an event, the range's last record) goes to _take.
+            added = builder.add_records_below(messages, last_offset)
+            if added:
+                next_offset = max(next_offset, messages[added - 1].offset() + 1)
+            for message in messages[added:]:
                 try:
                     if _take(message, task, builder, options.fail_on_data_loss):
                         done = True
