@@ -246,7 +246,10 @@ def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, b
 
 
 def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark, broker):
-    """The input is computed while the task's transaction is open: slow upstream work makes Kafka abort it."""
+    """The input is computed while the task's transaction is open: slow upstream work makes Kafka abort it.
+
+    Input that arrives while the task's writer is still being set up (a new write id: 0.1-0.3 s) is read ahead,
+    before the transaction opens; the slow part comes after that."""
     import time
 
     import pyarrow as pa
@@ -262,6 +265,8 @@ def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark,
 
     def slow_input():
         yield pa.record_batch({"value": pa.array([b"first"], pa.binary())})
+        time.sleep(3)  # the writer is set up meanwhile
+        yield pa.record_batch({"value": pa.array([b"second"], pa.binary())})
         time.sleep(4)  # upstream work, with the transaction open
         yield pa.record_batch({"value": pa.array([b"late"], pa.binary())})
 
@@ -271,6 +276,62 @@ def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark,
     with pytest.raises(Exception, match=r"longer than option 'kafka.transaction.timeout.ms' \(1000 ms\)"):
         spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
     assert read_committed(bootstrap, sink) == []
+
+
+def test_input_read_ahead_while_the_writer_is_set_up_is_written_whole_and_in_order(spark, broker):
+    import time
+
+    import pyarrow as pa
+
+    from sparkeos.spark.options import parse_sink_options
+    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"))
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink})
+    writer = KafkaBatchWriter(options, prepare_exactly_once(options))
+
+    def steady_input():
+        # 2 s of input in 40 batches: the first ones arrive while the new write id's producer is set up.
+        for i in range(40):
+            yield pa.record_batch({"value": pa.array([b"%d-%d" % (i, j) for j in range(50)], pa.binary())})
+            time.sleep(0.05)
+
+    def write_partition(_rows):
+        yield writer.write(steady_input())
+
+    [commit] = spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
+    assert commit.records == 2000
+    assert read_committed(bootstrap, sink) == [b"%d-%d" % (i, j) for i in range(40) for j in range(50)]
+
+
+def test_input_failing_while_the_writer_is_set_up_fails_the_task_at_once(spark):
+    """The set-up here would wait for an unreachable cluster; the task reports the input's own error first."""
+    import socket
+    import time
+
+    import pyarrow as pa
+
+    from sparkeos.spark.options import parse_sink_options
+    from sparkeos.spark.sink import KafkaBatchWriter
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    options = parse_sink_options({"kafka.bootstrap.servers": f"127.0.0.1:{port}", "topic": "anything"})
+    writer = KafkaBatchWriter(options, 8)
+
+    def failing_input():
+        yield pa.record_batch({"value": pa.array([b"first"], pa.binary())})
+        raise ValueError("upstream stage failed")
+
+    def write_partition(_rows):
+        yield writer.write(failing_input())
+
+    started = time.monotonic()
+    with pytest.raises(Exception, match="upstream stage failed"):
+        spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
+    assert time.monotonic() - started < 5  # setting up waits for the cluster far longer (it took 95 s to fail)
 
 
 RETRY_SCRIPT = textwrap.dedent(

@@ -53,12 +53,15 @@ write id lives for one write, far less than ``offsets.retention.minutes``, so a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import threading
 import time
 import uuid
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -94,6 +97,9 @@ STUCK_CALL_GRACE_S = 5.0
 # consume() waits its whole timeout unless it has num_messages in hand, and a range's control records never
 # count: the last poll of a scan always runs out. At 50 ms, a fresh id's scan of 56 markers took 52 ms.
 MARKER_SCAN_POLL_S = 0.005
+# Input a task holds in memory while its writer is set up: about 0.4 s of one task's input at 1M records/s of 100 B
+# (Arrow's nbytes).
+READ_AHEAD_BYTES = 64 * 1024 * 1024
 
 
 # --- driver-side checks -------------------------------------------------------------------------
@@ -272,8 +278,25 @@ def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Ite
     return None, batches
 
 
-def _drain(first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]) -> int:
-    return (first.num_rows if first is not None else 0) + sum(b.num_rows for b in rest)
+def _drain(batches: Iterator[pa.RecordBatch]) -> int:
+    return sum(b.num_rows for b in batches)
+
+
+def _read_ahead(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], setting_up: Future,
+                max_bytes: int) -> list[pa.RecordBatch]:
+    """The input batches that arrive while the task's writer is set up (up to `max_bytes`).
+
+    Setting up takes a new query's task 120-200 ms (a producer's init_transactions, the marker scan, the first
+    round trip of the transaction); meanwhile Spark's feed of this task's input, and with it the source's reader
+    upstream in the same task, would stand still."""
+    buffered, size = [first], first.nbytes
+    while not setting_up.done() and size < max_bytes:
+        batch = next(rest, None)
+        if batch is None:
+            break
+        buffered.append(batch)
+        size += batch.nbytes
+    return buffered
 
 
 def _task_context() -> tuple[int, int, str | None]:
@@ -440,10 +463,9 @@ class _TransactionalWriter:
             self.stuck = True
             raise
 
-    def write_and_commit(self, batch: int, query_id: str | None, first: pa.RecordBatch,
-                         rest: Iterator[pa.RecordBatch]) -> int:
+    def write_and_commit(self, batch: int, query_id: str | None, batches: Iterator[pa.RecordBatch]) -> int:
         records = 0
-        for arrow_batch in _chain(first, rest):
+        for arrow_batch in batches:
             rows = _Rows(arrow_batch, self.options.topic)
             rows.produce_all(self.producer)
             records += rows.count
@@ -463,11 +485,6 @@ class _TransactionalWriter:
             log.warning("aborting the transaction of %s failed: %s", self.transactional_id, exc)
 
 
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest
-
-
 _writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close, PRODUCER_TIMEOUT_ENV, "10m")
 # Every new id scans (a new query's first batch, a restart): a new admin client's connection set-up took 29 of a
 # scan's 84 ms. librdkafka has no close() for admin clients; an evicted one is freed with its last reference.
@@ -484,16 +501,23 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     if first is None:
         return SinkCommit(partition, batch, 0, False, transactional_id)
     key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
+    scan_records = not one_write_id
 
     def create() -> _TransactionalWriter:
         return _TransactionalWriter(options, transactional_id, marker_partitions)
 
-    writer = _writers.acquire(key, create)
+    def put_back(writer: _TransactionalWriter) -> None:
+        _writers.release(writer)
+        if one_write_id:
+            _writers.forget(writer)
+
+    writer, committed, buffered = _set_up_while_reading_ahead(key, create, put_back, query_id, scan_records, first,
+                                                              rest)
+    pending = itertools.chain(buffered, rest)
     try:
         for attempt in range(2):
-            committed = writer.last_committed_batch(query_id, scan_records=not one_write_id)
             if committed is not None and committed >= batch:
-                skipped = _drain(first, rest)
+                skipped = _drain(pending)
                 log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
                          committed, skipped)
                 return SinkCommit(partition, batch, skipped, True, transactional_id)
@@ -508,8 +532,9 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                 if attempt == 1:
                     raise
                 writer = _writers.acquire(key, create)
+                committed = writer.last_committed_batch(query_id, scan_records=scan_records)
         try:
-            records = writer.write_and_commit(batch, query_id, first, rest)
+            records = writer.write_and_commit(batch, query_id, pending)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.txn_requires_abort():
@@ -524,9 +549,45 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         failpoints.fire("sink.after_commit")
         return SinkCommit(partition, batch, records, False, transactional_id)
     finally:
-        _writers.release(writer)
-        if one_write_id:
-            _writers.forget(writer)
+        put_back(writer)
+
+
+def _set_up_while_reading_ahead(key: tuple, create, put_back, query_id: str | None, scan_records: bool,
+                                first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
+                                ) -> tuple[_TransactionalWriter, int | None, list[pa.RecordBatch]]:
+    """Step 3's producer and marker, fetched in a thread while the task reads ahead; then (writer, last committed
+    batch, the batches read meanwhile)."""
+
+    def writer_and_marker() -> tuple[_TransactionalWriter, int | None]:
+        writer = _writers.acquire(key, create)
+        try:
+            return writer, writer.last_committed_batch(query_id, scan_records=scan_records)
+        except BaseException:
+            put_back(writer)
+            raise
+
+    def put_back_unused(setting_up: Future) -> None:
+        if setting_up.exception() is None:
+            put_back(setting_up.result()[0])
+
+    setting_up: Future = Future()
+
+    def set_up() -> None:
+        try:
+            setting_up.set_result(writer_and_marker())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the task's thread
+            setting_up.set_exception(exc)
+
+    # A daemon thread: a set-up stuck on an unreachable cluster must not hold up the worker's exit.
+    threading.Thread(target=set_up, name="sparkeos-sink-setup", daemon=True).start()
+    try:
+        buffered = _read_ahead(first, rest, setting_up, READ_AHEAD_BYTES)
+    except BaseException:
+        # The input failed: the task fails now, not after the set-up, whose writer goes back to the cache unused.
+        setting_up.add_done_callback(put_back_unused)
+        raise
+    writer, committed = setting_up.result()
+    return writer, committed, buffered
 
 
 class TransactionTimedOut(RuntimeError):
