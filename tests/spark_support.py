@@ -151,7 +151,7 @@ def commit_sink_batch(writer, batch: int, query_id: str = "query") -> None:
 
     writer.begin(batch, query_id)
     records = pa.RecordBatch.from_pydict({"value": [b"v%d" % batch]})
-    writer.write_and_commit(batch, query_id, records, iter(()))
+    writer.write_and_commit(batch, query_id, iter([records]))
 
 
 def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.2, what: str = "condition"):

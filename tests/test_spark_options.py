@@ -74,6 +74,12 @@ def test_every_client_reaches_a_new_broker_after_25_ms_not_50_and_a_restarted_on
     assert source(subscribe="a", **{"kafka.reconnect.backoff.ms": "5"}).consumer_config()["reconnect.backoff.ms"] == "5"
 
 
+def test_keys_are_partitioned_as_the_java_client_does_unless_the_user_says_otherwise():
+    assert sink(topic="out").producer_config()["partitioner"] == "murmur2_random"
+    assert "partitioner" not in connection_config(sink(topic="out").producer_config())  # producers only
+    assert sink(topic="out", **{"kafka.partitioner": "fnv1a"}).producer_config()["partitioner"] == "fnv1a"
+
+
 def test_group_id_turns_on_commit_offsets_to_group():
     assert source(subscribe="a", **{"kafka.group.id": "g"}).commit_offsets_to_group is True
     assert source(subscribe="a", **{"kafka.group.id": "g", "commitOffsetsToGroup": "false"}).commit_offsets_to_group \

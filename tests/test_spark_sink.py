@@ -70,6 +70,24 @@ def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path)
         assert [h[0] for h in headers] == ["origin"]
 
 
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_keyed_records_land_on_the_partition_the_java_client_would_choose(spark, broker, guarantee):
+    """Spark's Kafka sink (the Java client) puts a key on murmur2(key) mod partitions; so does ours."""
+    from kafka.partitioner.default import murmur2  # kafka-python's port of the Java client's hash
+
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"), partitions=5)
+    rows = [(f"key-{i}".encode(), f"value-{i}".encode()) for i in range(200)]
+    (spark.createDataFrame(rows, "key binary, value binary").repartition(2).write.format("sparkeos.kafka")
+     .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).option("deliveryGuarantee", guarantee)
+     .mode("append").save())
+    written = read_committed(bootstrap, sink, with_meta=True)
+    assert sorted((key, value) for _, _, key, value, _ in written) == sorted(rows)
+    assert {p for p, *_ in written} == set(range(5))
+    for partition, _offset, key, _value, _headers in written:
+        assert partition == (murmur2(key) & 0x7FFFFFFF) % 5, key
+
+
 def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"))

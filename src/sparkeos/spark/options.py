@@ -130,7 +130,11 @@ class SinkOptions:
     kafka: dict[str, str] = field(default_factory=dict)
 
     def producer_config(self) -> dict[str, str]:
-        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": "5", **CONNECTION_DEFAULTS}
+        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": "5", **CONNECTION_DEFAULTS,
+                  # The Java client's partitioning, as Spark's own Kafka sink does it: a key goes to murmur2(key).
+                  # librdkafka's default (CRC32) would send the same key elsewhere, splitting a key's records
+                  # over two partitions once a topic written by Spark's sink or a Java producer is written by us.
+                  "partitioner": "murmur2_random"}
         if self.delivery_guarantee == "exactly_once":
             config["enable.idempotence"] = "true"
             config["transaction.timeout.ms"] = str(self.transaction_timeout_ms)
