@@ -11,8 +11,9 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark import TaskContext
 
-from sparkeos.spark import source
+from sparkeos.spark import gcpause, source
 from sparkeos.spark.cluster import learn_topic
 from sparkeos.spark.gcpause import cyclic_gc_paused
 from sparkeos.spark.options import parse_source_options
@@ -146,3 +147,23 @@ def test_nested_and_overlapping_pauses_restore_the_collector_after_the_last_one(
     with pytest.raises(RuntimeError), cyclic_gc_paused():
         raise RuntimeError("a failing task")
     assert gc.isenabled()
+
+
+def test_a_task_freezes_what_its_worker_held_before_it_and_the_driver_never_does(monkeypatch):
+    monkeypatch.setattr(gcpause, "_worker_frozen", False)
+    gc.unfreeze()
+    try:
+        with cyclic_gc_paused():  # no TaskContext: the driver, or a test
+            pass
+        assert gc.get_freeze_count() == 0
+        TaskContext._getOrCreate()
+        loaded = len(gc.get_objects())
+        with cyclic_gc_paused():
+            frozen = gc.get_freeze_count()
+        assert frozen >= loaded * 0.9 and len(gc.get_objects()) < loaded * 0.1
+        later = [[] for _ in range(1000)]  # a later task's objects
+        with cyclic_gc_paused():  # once per worker: later tasks' objects stay collectable
+            assert gc.get_freeze_count() <= frozen and len(gc.get_objects()) >= len(later)
+    finally:
+        TaskContext._setTaskContext(None)
+        gc.unfreeze()

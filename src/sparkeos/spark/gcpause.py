@@ -6,6 +6,12 @@ full pass over every tracked object of the worker (60,000 once pyspark's worker 
 enough of them survive younger passes. Reading 500,000 records took 5 full passes of 28-41 ms and 670 younger
 ones: 0.19-0.25 CPU-s, and a median 0.93 CPU-s for the read against 0.66 s paused. Paused, nothing is left for
 the collector to find, and the first allocations after the loop run it as usual.
+
+In a Spark Python worker, the first pause also freezes (gc.freeze) the objects the worker holds at that moment:
+its modules, pyspark's, and their state, which live as long as the worker does (and those of its first task,
+left to reference counting alone). pyspark's daemon makes a full collection after every task a worker runs: in a
+pipeline query's four task workers, 43-95 ms each over 41,700 objects, against 0.0-0.1 ms over fewer than 300
+once frozen.
 """
 
 from __future__ import annotations
@@ -15,9 +21,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pyspark import TaskContext
+
 _lock = threading.Lock()
 _pauses = 0
 _was_enabled = False
+_worker_frozen = False
 
 
 @contextmanager
@@ -25,6 +34,7 @@ def cyclic_gc_paused() -> Iterator[None]:
     """Disable the cyclic collector inside the block; nested or concurrent blocks restore it after the last one."""
     global _pauses, _was_enabled
     with _lock:
+        _freeze_the_worker_once()
         if _pauses == 0:
             _was_enabled = gc.isenabled()
             gc.disable()
@@ -36,3 +46,11 @@ def cyclic_gc_paused() -> Iterator[None]:
             _pauses -= 1
             if _pauses == 0 and _was_enabled:
                 gc.enable()
+
+
+def _freeze_the_worker_once() -> None:
+    global _worker_frozen
+    # Only in a task: on the driver these are the user's objects, and not ours to keep from the collector.
+    if not _worker_frozen and TaskContext.get() is not None:
+        gc.freeze()
+        _worker_frozen = True
