@@ -1,8 +1,10 @@
-"""The sink's marker topic without Spark: the scan for markers when the marker group's offset is gone, and the
-check that a marker topic keeps its markers. Correctness only: how long a scan takes is measured by
-benchmarks/pipeline.py, not asserted here."""
+"""The sink's transactional writer without Spark: the scan for markers when the marker group's offset is gone,
+the check that a marker topic keeps its markers, and that a commit never waits out linger.ms. Correctness only:
+how long a scan takes is measured by benchmarks/pipeline.py, not asserted here."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -148,3 +150,18 @@ def test_the_last_commit_is_found_in_the_marker_records_after_partitions_were_ad
         assert after.last_committed_batch("query") == 5
     finally:
         after.close()
+
+
+def test_a_commit_sends_what_lingers_at_once(broker, topic_name):
+    """The sink lingers (linger.ms) as Kafka Streams does, for fuller Produce requests: that must never hold back
+    a commit, even with a linger far past the test's bound."""
+    options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
+                                  "commitMarkerTopic": f"{topic_name}-markers", "kafka.linger.ms": "10000"})
+    writer = _TransactionalWriter(options, "lingering", prepare_exactly_once(options))
+    try:
+        started = time.monotonic()
+        _commit_batch(writer, 0)
+        assert time.monotonic() - started < 5
+        assert writer.last_committed_batch("query") == 0
+    finally:
+        writer.close()

@@ -80,6 +80,13 @@ def test_keys_are_partitioned_as_the_java_client_does_unless_the_user_says_other
     assert sink(topic="out", **{"kafka.partitioner": "fnv1a"}).producer_config()["partitioner"] == "fnv1a"
 
 
+def test_sink_producers_linger_as_kafka_streams_does_unless_the_user_says_otherwise():
+    assert sink(topic="out").producer_config()["linger.ms"] == "100"
+    assert sink(topic="out", deliveryGuarantee="none").producer_config()["linger.ms"] == "100"
+    assert sink(topic="out", **{"kafka.linger.ms": "0"}).producer_config()["linger.ms"] == "0"
+    assert "linger.ms" not in connection_config(sink(topic="out").producer_config())  # producers only
+
+
 def test_group_id_turns_on_commit_offsets_to_group():
     assert source(subscribe="a", **{"kafka.group.id": "g"}).commit_offsets_to_group is True
     assert source(subscribe="a", **{"kafka.group.id": "g", "commitOffsetsToGroup": "false"}).commit_offsets_to_group \
