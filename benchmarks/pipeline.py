@@ -14,7 +14,10 @@ fresh output topic of its own:
   (d) quix   Quix Streams, processing_guarantee="exactly-once"
 
 msgs/s = input records / wall seconds from the start of processing (clients created, query started)
-until the last output is committed. Spark's session start-up, and three warm-up queries over the same input
+until the last output is committed. Each variant runs --rounds times (3), the variants taking turns within each
+round, and its msgs/s is the median of its rounds: this machine's speed drifts by 15% and more within minutes,
+and one measurement per variant, minutes apart, put that drift into the ratios. Spark's session stays up through
+all rounds (idle while (a) and (d) run). Spark's session start-up, and three warm-up queries over the same input
 that start its Python workers and let the JVM compile the paths every query and record takes, are timed
 and printed but are not in (b)/(c). Each measured query still starts its own Python source runner and
 clients.
@@ -42,6 +45,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,21 +222,35 @@ def read_committed_output(bootstrap: str, topic: str, timeout_s: float = 300.0) 
 
 @dataclass
 class Result:
+    """A variant's rounds: every one must verify."""
+
     variant: str
     name: str
-    msgs_per_s: float | None = None
-    seconds: float | None = None
+    rounds_seconds: list[float] = field(default_factory=list)
     output_records: int | None = None
     verified: bool | None = None
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the last round's own figures
+    records: int = 0
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median(self.rounds_seconds) if self.rounds_seconds else None
+
+    @property
+    def msgs_per_s(self) -> float | None:
+        return self.records / self.seconds if self.rounds_seconds else None
+
+    def summary(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": self.seconds, "msgs_per_s": self.msgs_per_s,
+                "rounds_msgs_per_s": [self.records / s for s in self.rounds_seconds]}
 
 
 def verify(result: Result, bootstrap: str, topic: str, expected: Expected) -> None:
     found = read_committed_output(bootstrap, topic)
     result.output_records = found.count
-    result.verified = found == expected
-    if not result.verified:
+    result.verified = result.verified is not False and found == expected
+    if found != expected:
         result.error = (
             f"VERIFICATION FAILED: {topic} holds {found.count} committed records (checksum {found.checksum}), "
             f"expected {expected.count} (checksum {expected.checksum})"
@@ -452,31 +470,30 @@ def run_quix(quix_python: Path, bootstrap: str, source: str, sink: str, expected
 # Driver
 
 
-def run_variant(result: Result, records: int, body, bootstrap: str, sink: str, expected: Expected) -> Result:
-    print(f"{result.name} ...", flush=True)
+def run_round(result: Result, round_no: int, body, bootstrap: str, sink: str, expected: Expected) -> None:
+    print(f"{result.name}, round {round_no + 1} ...", flush=True)
     try:
         figures = body()
     except Exception as exc:  # noqa: BLE001 - one broken variant must not hide the others' numbers
         result.error = f"{type(exc).__name__}: {exc}"
         print(f"  failed: {result.error[:500]}", flush=True)
-        return result
-    result.seconds = figures.pop("seconds")
-    result.msgs_per_s = records / result.seconds
+        return
+    seconds = figures.pop("seconds")
+    result.rounds_seconds.append(seconds)
     result.extra = figures
     verify(result, bootstrap, sink, expected)
     status = "verified" if result.verified else "INVALID"
     print(
-        f"  {result.msgs_per_s:,.0f} msgs/s ({result.seconds:.2f} s), {result.output_records:,} outputs {status}",
+        f"  {result.records / seconds:,.0f} msgs/s ({seconds:.2f} s), {result.output_records:,} outputs {status}",
         flush=True,
     )
-    return result
 
 
 def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
     rows = []
     for top, bottom, target in TARGETS:
         a, b = results.get(top), results.get(bottom)
-        valid = all(r is not None and r.verified and r.msgs_per_s for r in (a, b))
+        valid = all(r is not None and r.verified and not r.error and r.msgs_per_s for r in (a, b))
         ratio = a.msgs_per_s / b.msgs_per_s if valid else None
         rows.append(
             {
@@ -490,9 +507,9 @@ def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
 
 
 def print_report(results: dict[str, Result], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    table = [("variant", "msgs/s", "seconds", "outputs", "check")]
+    table = [("variant", "msgs/s", "seconds", "outputs", "check", "msgs/s of each round")]
     for r in results.values():
-        check = "error" if r.verified is None else ("verified" if r.verified else "INVALID")
+        check = "INVALID" if r.verified is False else ("error" if r.verified is None or r.error else "verified")
         table.append(
             (
                 r.name,
@@ -500,6 +517,7 @@ def print_report(results: dict[str, Result], rows: list[dict[str, Any]], meta: d
                 "-" if r.seconds is None else f"{r.seconds:.2f}",
                 "-" if r.output_records is None else f"{r.output_records:,}",
                 check,
+                " ".join(f"{r.records / s:,.0f}" for s in r.rounds_seconds),
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -508,7 +526,7 @@ def print_report(results: dict[str, Result], rows: list[dict[str, Any]], meta: d
         print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths, strict=True))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print()
+    print("\nmsgs/s: the median of the rounds")
     for row in rows:
         value = "-" if row["value"] is None else f"{row['value']:.2f}x"
         met = "-" if row["met"] is None else ("met" if row["met"] else "NOT met")
@@ -534,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2, help="partitions of the input and output topics")
     parser.add_argument("--variants", default="a,b,c,d", help="comma list of a,b,c,d")
     parser.add_argument("--txn-records", type=int, default=10_000, help="(a): input records per transaction")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each variant, in turns; msgs/s: their median")
     parser.add_argument(
         "--max-offsets-per-trigger",
         type=int,
@@ -554,8 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants takes a comma list of {', '.join(VARIANTS)}")
-    if args.records <= 0 or args.partitions <= 0 or args.txn_records <= 0:
-        parser.error("--records, --partitions and --txn-records must be positive")
+    if min(args.records, args.partitions, args.txn_records, args.rounds) <= 0:
+        parser.error("--records, --partitions, --txn-records and --rounds must be positive")
 
     from sparkeos.broker.embedded import BrokerProcess
 
@@ -582,6 +601,7 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
         "partitions": args.partitions,
         "txn_records": args.txn_records,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "rounds": args.rounds,
         "python": platform.python_version(),
         "confluent_kafka": confluent_kafka.version(),
         "librdkafka": confluent_kafka.libversion()[0],
@@ -596,23 +616,11 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
         f"input produced in {time.monotonic() - started:.1f} s; {expected.count:,} records pass the filter", flush=True
     )
 
-    results: dict[str, Result] = {}
-
-    def sink_topic(variant: str) -> str:
-        return create_topic(bootstrap, new_topic_name(f"out-{variant}"), args.partitions)
-
+    runners: dict[str, Any] = {}
     if "a" in variants:
-        sink = sink_topic("a")
-        results["a"] = run_variant(
-            Result("a", VARIANTS["a"]),
-            args.records,
-            lambda: run_raw_loop(bootstrap, source, sink, args.txn_records),
-            bootstrap,
-            sink,
-            expected,
-        )
-    spark_variants = [v for v in variants if v in ("b", "c")]
-    if spark_variants:
+        runners["a"] = lambda sink, _round: run_raw_loop(bootstrap, source, sink, args.txn_records)
+    spark = None
+    if "b" in variants or "c" in variants:
         t0 = time.monotonic()
         spark = spark_session_for_benchmark()
         spark.sparkContext.setLogLevel("ERROR")
@@ -622,41 +630,35 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
             warm_up_spark(spark, bootstrap, source, expected, workdir, args.partitions)
         meta["spark_startup_s"] = {"session": session_s, "warmup": time.monotonic() - t0}
         meta["pyspark"] = spark.version
-        for variant in spark_variants:
-            guarantee = "exactly_once" if variant == "b" else "at_least_once"
-            sink = sink_topic(variant)
-            checkpoint = str(workdir / f"checkpoint-{variant}")
-            results[variant] = run_variant(
-                Result(variant, VARIANTS[variant]),
-                args.records,
-                lambda g=guarantee, s=sink, c=checkpoint: run_spark_query(
-                    spark, bootstrap, source, s, g, c, args.max_offsets_per_trigger
-                ),
-                bootstrap,
-                sink,
-                expected,
+        for variant, guarantee in (("b", "exactly_once"), ("c", "at_least_once")):
+            runners[variant] = lambda sink, n, v=variant, g=guarantee: run_spark_query(
+                spark, bootstrap, source, sink, g, str(workdir / f"checkpoint-{v}-{n}"), args.max_offsets_per_trigger
             )
-        spark.stop()
     if "d" in variants:
-        sink = sink_topic("d")
-        results["d"] = run_variant(
-            Result("d", VARIANTS["d"]),
-            args.records,
-            lambda: run_quix(args.quix_python, bootstrap, source, sink, expected),
-            bootstrap,
-            sink,
-            expected,
-        )
+        runners["d"] = lambda sink, _round: run_quix(args.quix_python, bootstrap, source, sink, expected)
+
+    results = {variant: Result(variant, VARIANTS[variant], records=args.records) for variant in variants}
+    try:
+        for round_no in range(args.rounds):
+            for variant in variants:
+                if results[variant].error:
+                    continue  # failed in an earlier round: reported, not retried
+                sink = create_topic(bootstrap, new_topic_name(f"out-{variant}"), args.partitions)
+                run_round(results[variant], round_no, lambda v=variant, s=sink, n=round_no: runners[v](s, n),
+                          bootstrap, sink, expected)
+    finally:
+        if spark is not None:
+            spark.stop()
 
     meta["loadavg_after"] = os.getloadavg()
     rows = ratio_rows(results)
     print_report(results, rows, meta)
     if args.json:
-        print(json.dumps({"meta": meta, "results": {k: asdict(r) for k, r in results.items()}, "ratios": rows}))
+        print(json.dumps({"meta": meta, "results": {k: r.summary() for k, r in results.items()}, "ratios": rows}))
     invalid = [r.name for r in results.values() if r.verified is False]
     if invalid:
         print(f"\nFAILED: wrong committed output from {', '.join(invalid)}", file=sys.stderr)
-    broken = [r.name for r in results.values() if r.verified is None]
+    broken = [r.name for r in results.values() if r.verified is not False and (r.verified is None or r.error)]
     if broken:
         print(f"\nFAILED: {', '.join(broken)} did not run to the end", file=sys.stderr)
     return 1 if invalid or broken else 0
