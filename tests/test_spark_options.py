@@ -85,6 +85,10 @@ def test_sink_producers_linger_as_kafka_streams_does_unless_the_user_says_otherw
     assert sink(topic="out", deliveryGuarantee="none").producer_config()["linger.ms"] == "100"
     assert sink(topic="out", **{"kafka.linger.ms": "0"}).producer_config()["linger.ms"] == "0"
     assert "linger.ms" not in connection_config(sink(topic="out").producer_config())  # producers only
+    # librdkafka refuses a linger.ms not below the message timeout: a short one the user sets shortens the linger.
+    assert sink(topic="out", **{"kafka.message.timeout.ms": "80"}).producer_config()["linger.ms"] == "79"
+    assert sink(topic="out", **{"kafka.delivery.timeout.ms": "50"}).producer_config()["linger.ms"] == "49"
+    assert sink(topic="out", **{"kafka.message.timeout.ms": "30000"}).producer_config()["linger.ms"] == "100"
 
 
 def test_group_id_turns_on_commit_offsets_to_group():

@@ -37,7 +37,7 @@ CONNECTION_DEFAULTS = {"reconnect.backoff.ms": "50", "reconnect.backoff.max.ms":
 # flushes too), and a flush sends at once whatever linger.ms: a longer wait costs a batch nothing and makes fuller
 # Produce requests. With librdkafka's 5 ms, each producer of a pipeline query (250,000 records) spent 0.15-0.35
 # CPU-s in its broker thread, against 0.07-0.08 s at 100 ms.
-SINK_LINGER_MS = "100"
+SINK_LINGER_MS = 100
 
 
 class OptionError(ValueError):
@@ -136,7 +136,8 @@ class SinkOptions:
     kafka: dict[str, str] = field(default_factory=dict)
 
     def producer_config(self) -> dict[str, str]:
-        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": SINK_LINGER_MS, **CONNECTION_DEFAULTS,
+        config = {"bootstrap.servers": self.bootstrap_servers, "linger.ms": self._default_linger_ms(),
+                  **CONNECTION_DEFAULTS,
                   # The Java client's partitioning, as Spark's own Kafka sink does it: a key goes to murmur2(key).
                   # librdkafka's default (CRC32) would send the same key elsewhere, splitting a key's records
                   # over two partitions once a topic written by Spark's sink or a Java producer is written by us.
@@ -149,6 +150,13 @@ class SinkOptions:
         config.update(self.kafka)
         config["bootstrap.servers"] = self.bootstrap_servers
         return config
+
+    def _default_linger_ms(self) -> str:
+        # librdkafka refuses a linger.ms that is not below message.timeout.ms (alias delivery.timeout.ms): a
+        # user's short message timeout must not turn the sink's own default into an error.
+        timeouts = [int(value) for key, value in self.kafka.items()
+                    if key in ("message.timeout.ms", "delivery.timeout.ms") and str(value).strip().isdigit()]
+        return str(min([SINK_LINGER_MS, *(timeout - 1 for timeout in timeouts if timeout > 0)]))
 
 
 SOURCE_OPTIONS = {
