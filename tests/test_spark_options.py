@@ -98,6 +98,16 @@ def test_group_id_turns_on_commit_offsets_to_group():
     assert "kafka.group.id" in error_of(source, subscribe="a", commitOffsetsToGroup="true")
 
 
+def test_readers_group_id_starts_with_group_id_prefix_unless_kafka_group_id_names_one(caplog):
+    assert source(subscribe="a").consumer_config()["group.id"] == "sparkeos-reader"
+    assert source(subscribe="a", groupIdPrefix="team-etl").consumer_config()["group.id"] == "team-etl-reader"
+    assert "groupIdPrefix" in error_of(source, subscribe="a", groupIdPrefix=" ")
+    with caplog.at_level("WARNING", logger="sparkeos.options"):
+        named = source(subscribe="a", groupIdPrefix="team-etl", **{"kafka.group.id": "g"})
+    assert named.consumer_config()["group.id"] == "g"
+    assert "'groupIdPrefix' is ignored" in caplog.text
+
+
 def test_starting_offsets_forms():
     parsed = source(subscribe="t", startingOffsets='{"t": {"0": 23, "1": -2, "2": -1}}')
     assert parsed.starting.kind == "offsets"

@@ -23,6 +23,7 @@ EARLIEST = -2
 LATEST = -1
 
 DEFAULT_MARKER_TOPIC = "_sparkeos_sink_commits"
+DEFAULT_GROUP_ID_PREFIX = "sparkeos"
 
 
 # A new librdkafka client connects to a broker it learned from metadata only after half of reconnect.backoff.ms:
@@ -80,6 +81,7 @@ class SourceOptions:
     max_records_per_partition: int | None = None
     include_headers: bool = False
     group_id: str | None = None
+    group_id_prefix: str = DEFAULT_GROUP_ID_PREFIX
     commit_offsets_to_group: bool = False
     kafka: dict[str, str] = field(default_factory=dict)
 
@@ -95,7 +97,9 @@ class SourceOptions:
         config = {
             "bootstrap.servers": self.bootstrap_servers,
             "isolation.level": "read_committed",
-            "group.id": self.group_id or "sparkeos-reader",
+            # Readers assign partitions and never join the group or commit to it: the id only has to be one the
+            # cluster's ACLs allow.
+            "group.id": self.group_id or f"{self.group_id_prefix}-reader",
             "enable.auto.commit": "false",
             "enable.auto.offset.store": "false",
             "enable.partition.eof": "true",
@@ -268,6 +272,7 @@ def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptio
         )
     subscribe, pattern, assign = _parse_subscription(options)
     group_id = kafka.get("group.id")
+    group_id_prefix = _parse_group_id_prefix(options, group_id)
     commit_to_group = options.boolean("commitOffsetsToGroup", group_id is not None)
     if commit_to_group and group_id is None:
         raise OptionError("option 'commitOffsetsToGroup' needs 'kafka.group.id' to name the group to commit to")
@@ -310,6 +315,7 @@ def parse_source_options(raw: Mapping[str, str], streaming: bool) -> SourceOptio
         max_records_per_partition=options.integer("maxRecordsPerPartition", None, minimum=1),
         include_headers=options.boolean("includeHeaders", False),
         group_id=group_id,
+        group_id_prefix=group_id_prefix,
         commit_offsets_to_group=commit_to_group,
         kafka=kafka,
     )
@@ -341,6 +347,18 @@ def _parse_subscription(options: _Options) -> tuple[tuple[str, ...], str | None,
     if not assign:
         raise OptionError("option 'assign' names no partition")
     return (), None, assign
+
+
+def _parse_group_id_prefix(options: _Options, group_id: str | None) -> str:
+    prefix = options.get("groupIdPrefix")
+    if prefix is None:
+        return DEFAULT_GROUP_ID_PREFIX
+    if not prefix.strip():
+        raise OptionError("option 'groupIdPrefix' is empty")
+    if group_id is not None:
+        # As in Spark: the readers use the group the user names.
+        log.warning("option 'groupIdPrefix' is ignored: 'kafka.group.id' names the group")
+    return prefix.strip()
 
 
 def _parse_start(options: _Options, default: str, group_id: str | None) -> StartSpec:
