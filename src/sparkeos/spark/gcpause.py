@@ -10,7 +10,7 @@ the collector to find, and the first allocations after the loop run it as usual.
 In a Spark Python worker, the first pause also freezes (gc.freeze) the objects the worker holds at that moment:
 its modules, pyspark's, and their state, which live as long as the worker does (and those of its first task,
 left to reference counting alone). pyspark's daemon makes a full collection after every task a worker runs: in a
-pipeline query's four task workers, 43-95 ms each over 41,700 objects, against 0.0-0.1 ms over fewer than 300
+pipeline query's four task workers, 43-95 ms each over 41,700 objects, against 0.0-0.3 ms over fewer than 300
 once frozen.
 """
 
