@@ -520,7 +520,7 @@ def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
 
 
 def round_ratios(top: Result, bottom: Result) -> list[float]:
-    """The ratio within each round: the two variants ran minutes apart at most, so this machine's drift between
+    """The ratio within each round: the two variants ran within a minute of each other, so this machine's drift between
     rounds stays out of it. Shown beside the target, which is judged on the medians alone."""
     # Both read the same input, so the ratio of msgs/s is the inverse ratio of seconds. A variant with a failed
     # round is not here (no ratio at all), so the rounds pair up one to one.
