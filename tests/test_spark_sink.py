@@ -88,6 +88,20 @@ def test_keyed_records_land_on_the_partition_the_java_client_would_choose(spark,
         assert partition == (murmur2(key) & 0x7FFFFFFF) % 5, key
 
 
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_null_keys_stay_null_in_a_partition_of_only_null_keys_and_in_one_of_mixed_keys(spark, broker, guarantee):
+    bootstrap = broker.bootstrap_servers
+    sink = create_topic(bootstrap, unique("out"), partitions=3)
+    # parallelize keeps the order in contiguous slices: the first 100 rows are one task's, the next 100 the other's.
+    rows = [(None, f"null-{i}".encode()) for i in range(100)]
+    rows += [(None if i % 2 else f"key-{i}".encode(), f"mixed-{i}".encode()) for i in range(100)]
+    frame = spark.sparkContext.parallelize(rows, 2).toDF("key binary, value binary")
+    (frame.write.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+     .option("deliveryGuarantee", guarantee).mode("append").save())
+    written = read_committed(bootstrap, sink, with_meta=True)
+    assert Counter((key, value) for _, _, key, value, _ in written) == Counter(rows)
+
+
 def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"))
