@@ -1,36 +1,45 @@
 """Which program Spark runs for its Python workers in a local session (PYSPARK_PYTHON).
 
-Spark puts its own zipped copy of pyspark, `$SPARK_HOME/python/lib/pyspark.zip`, first on every Python
-worker's PYTHONPATH. Python caches no bytecode for modules imported from a zip, so each new worker compiles
-pyspark again: importing Spark's streaming source runner took 0.99 s that way, and 0.21 s from the installed
-package. Spark starts such a process for every streaming query with a Python source (and for every Python data
-source it plans), and gives each a fixed 10 s to connect back, so on a loaded machine the compile can fail a
-query.
+Spark puts three archives first on every Python worker's PYTHONPATH: its zipped copy of pyspark
+(`$SPARK_HOME/python/lib/pyspark.zip`), its zipped copy of py4j, and the spark-core jar (where distributions once
+packed pyspark). Python caches no bytecode for modules imported from a zip, so each new worker compiles pyspark and
+py4j again; and it reads an archive's whole directory in Python code when a worker first searches it, and again when
+Spark's worker set-up calls `importlib.invalidate_caches`: 37 ms each time for the jar's 5,973 entries. Spark starts
+such a process for every streaming query with a Python source (and for every Python data source it plans), and
+gives each a fixed 10 s to connect back, so on a loaded machine the compile can fail a query. Importing Spark's
+streaming source runner took 0.99 s with the pyspark zip, 0.21 s from the installed package; the whole runner
+process start then took 341 ms of CPU with py4j's zip and the jar, 220 ms without them (medians of 12).
 
-When pyspark is pip-installed, SPARK_HOME is the installed package's own directory and the zip holds the same
-files as the package. For a local master, `worker_python` then returns a small sh script that drops the zip
-from PYTHONPATH and execs this interpreter, which imports pyspark from the package instead. Anywhere else (a
-cluster, whose executors need not have the script; a Spark distribution of its own in SPARK_HOME; no POSIX sh;
-no writable cache directory) it returns this interpreter, as Spark would run it.
+When pyspark is pip-installed, SPARK_HOME is the installed package's own directory: the pyspark zip holds the same
+files as the package, the py4j of the zip's version is installed beside it, and the jar holds no Python module. For a
+local master, `worker_python` then returns a small sh script that drops the archives the installed packages make
+needless from PYTHONPATH and execs this interpreter, which imports pyspark and py4j from the packages instead.
+Anywhere else (a cluster, whose executors need not have the script; a Spark distribution of its own in SPARK_HOME; no
+POSIX sh; no writable cache directory) it returns this interpreter, as Spark would run it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shlex
 import sys
+import zipfile
 from pathlib import Path
 
 SCRIPT_TEMPLATE = """#!/bin/sh
-# Written by sparkeos.spark.workers: runs the interpreter below for Spark's Python workers
-# without Spark's zipped copy of pyspark, which is recompiled at every start, on PYTHONPATH.
+# Written by sparkeos.spark.workers: runs the interpreter below for Spark's Python workers without the
+# archives on PYTHONPATH that the installed packages make needless (recompiled and rescanned at every start).
 set -f
 kept=
 IFS=:
 for entry in $PYTHONPATH; do
-  [ "$entry" = {zip} ] || kept=${{kept:+$kept:}}$entry
+  case $entry in
+    {needless}) ;;
+    *) kept=${{kept:+$kept:}}$entry ;;
+  esac
 done
 unset IFS
 PYTHONPATH=$kept
@@ -40,21 +49,22 @@ exec {python} "$@"
 
 
 def worker_python(master: str | None) -> str:
-    """The program for PYSPARK_PYTHON: the zip-skipping script for a local master where it can be used, else
+    """The program for PYSPARK_PYTHON: the archive-skipping script for a local master where it can be used, else
     this interpreter."""
     if not (master or "").startswith("local"):
         return sys.executable
-    zipped = spark_pyspark_zip()
-    if zipped is None or not os.path.exists("/bin/sh"):
+    needless = needless_python_path(spark_package(), installed_py4j_version())
+    if not needless or not os.path.exists("/bin/sh"):
         return sys.executable
+    text = SCRIPT_TEMPLATE.format(python=shlex.quote(sys.executable), needless="|".join(map(shlex.quote, needless)))
     try:
-        return str(write_script(SCRIPT_TEMPLATE.format(python=shlex.quote(sys.executable), zip=shlex.quote(zipped))))
+        return str(write_script(text))
     except OSError:
         return sys.executable
 
 
-def spark_pyspark_zip() -> str | None:
-    """The path of Spark's pyspark.zip when it is a copy of the installed pyspark package, else None."""
+def spark_package() -> Path | None:
+    """The installed pyspark package's directory when it is SPARK_HOME too (Spark installed with pip), else None."""
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
         return None
@@ -62,8 +72,40 @@ def spark_pyspark_zip() -> str | None:
     spark_home = os.environ.get("SPARK_HOME")
     if spark_home and Path(spark_home).resolve() != package:
         return None
-    zipped = package / "python" / "lib" / "pyspark.zip"
-    return str(zipped) if zipped.is_file() else None
+    return package
+
+
+def installed_py4j_version() -> str | None:
+    try:
+        return importlib.metadata.version("py4j")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def needless_python_path(package: Path | None, py4j_version: str | None) -> list[str]:
+    """The entries Spark puts on its workers' PYTHONPATH that `package`, a pip-installed pyspark, and the installed
+    py4j of `py4j_version` make needless; none unless Spark's pyspark zip is among them."""
+    if package is None:
+        return []
+    lib = package / "python" / "lib"
+    pyspark_zip = lib / "pyspark.zip"
+    if not pyspark_zip.is_file():
+        return []
+    needless = [pyspark_zip]
+    if py4j_version is not None and (lib / f"py4j-{py4j_version}-src.zip").is_file():
+        needless.append(lib / f"py4j-{py4j_version}-src.zip")
+    # Spark adds the jar it was loaded from, spark-core's.
+    needless += [jar for jar in sorted((package / "jars").glob("spark-core_*.jar")) if not holds_python(jar)]
+    return [str(path) for path in needless]
+
+
+def holds_python(archive: Path) -> bool:
+    """Whether `archive` may hold Python modules (an unreadable one may)."""
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            return any(name.endswith((".py", ".pyc")) for name in opened.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True
 
 
 def write_script(text: str) -> Path:
