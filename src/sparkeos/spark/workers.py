@@ -92,8 +92,9 @@ def needless_python_path(package: Path | None, py4j_version: str | None) -> list
     if not pyspark_zip.is_file():
         return []
     needless = [pyspark_zip]
-    if py4j_version is not None and (lib / f"py4j-{py4j_version}-src.zip").is_file():
-        needless.append(lib / f"py4j-{py4j_version}-src.zip")
+    py4j_zip = lib / f"py4j-{py4j_version}-src.zip"
+    if py4j_version is not None and py4j_zip.is_file():
+        needless.append(py4j_zip)
     # Spark adds the jar it was loaded from, spark-core's.
     needless += [jar for jar in sorted((package / "jars").glob("spark-core_*.jar")) if not holds_python(jar)]
     return [str(path) for path in needless]
