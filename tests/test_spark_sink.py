@@ -16,6 +16,7 @@ from spark_crash_support import command_line, descendants
 from spark_support import CLIENT_CACHE_TIMEOUT_S, create_topic, produce, read_committed, unique, wait_for
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from wire import WireClient
 
 
 def stream_of(spark, bootstrap: str, topic: str, **options: str):
@@ -56,8 +57,10 @@ def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path)
         F.col("value").cast("string").alias("value"),
         F.when(number % 2 == 0, F.lit(evens)).otherwise(F.lit(odds)).alias("topic"),
         (number % 3).cast("int").alias("partition"),
-        F.array(F.struct(F.lit("origin").alias("key"), F.col("offset").cast("string").cast("binary").alias("value")))
-        .alias("headers"),
+        F.array(
+            F.struct(F.lit("origin").alias("key"), F.col("offset").cast("string").cast("binary").alias("value")),
+            F.struct(F.lit("copy").alias("key"), F.concat(F.lit(b"n="), F.col("value")).alias("value")),
+        ).alias("headers"),
     )
     run_to_end(frame, bootstrap, str(tmp_path / "ck"))
     even_rows = read_committed(bootstrap, evens, with_meta=True)
@@ -67,7 +70,8 @@ def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path)
     for partition, _offset, key, value, headers in even_rows + odd_rows:
         assert partition == int(value) % 3
         assert key == f"k{int(value) % 5}".encode()
-        assert [h[0] for h in headers] == ["origin"]
+        assert [h[0] for h in headers] == ["origin", "copy"]
+        assert headers[1][1] == b"n=" + value
 
 
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
@@ -103,7 +107,19 @@ def test_null_keys_stay_null_in_a_partition_of_only_null_keys_and_in_one_of_mixe
 
 
 def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, broker, tmp_path):
+    from pyspark.sql import functions as F
+
     bootstrap = broker.bootstrap_servers
+    routed = create_topic(bootstrap, unique("in"), partitions=2)
+    named, default = create_topic(bootstrap, unique("named")), create_topic(bootstrap, unique("default"))
+    produce(bootstrap, routed, [str(i) for i in range(100)])
+    number = F.col("value").cast("string").cast("int")
+    rows = stream_of(spark, bootstrap, routed).select(
+        "value", F.when(number % 3 == 0, F.lit(named)).otherwise(F.lit(None).cast("string")).alias("topic"))
+    run_to_end(rows, bootstrap, str(tmp_path / "routed"), topic=default)
+    assert sorted(int(v) for v in read_committed(bootstrap, named)) == list(range(0, 100, 3))
+    assert sorted(int(v) for v in read_committed(bootstrap, default)) == [i for i in range(100) if i % 3]
+
     source = create_topic(bootstrap, unique("in"))
     produce(bootstrap, source, ["a"])
     frame = stream_of(spark, bootstrap, source).select("value")
@@ -123,6 +139,25 @@ def test_missing_value_column_fails_before_anything_is_written(spark, broker, tm
              .option("topic", sink).option("checkpointLocation", str(tmp_path / "ck")).start())
     with pytest.raises(Exception, match="needs a 'value' column"):
         query.awaitTermination(60)
+    assert read_committed(bootstrap, sink) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"topik": "x"}, "did you mean 'topic'"),
+        ({"deliveryGuarantee": "at_least_once", "transactionalIdPrefix": "p"}, "'transactionalIdPrefix' only applies"),
+        ({"kafka.enable.idempotence": "false"}, "contradicts deliveryGuarantee=exactly_once"),
+    ],
+)
+def test_bad_sink_options_fail_the_query_before_anything_is_written(spark, broker, tmp_path, options, named):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, ["a", "b"])
+    with pytest.raises(Exception, match=named):
+        run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
+                   topic=sink, **options)
     assert read_committed(bootstrap, sink) == []
 
 
@@ -151,9 +186,18 @@ def test_non_transactional_guarantees_deliver_everything_without_failures(spark,
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = create_topic(bootstrap, unique("out"))
     produce(bootstrap, source, [str(i) for i in range(500)])
-    run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
-               topic=sink, deliveryGuarantee=guarantee)
+    query = (stream_of(spark, bootstrap, source).select("value").writeStream.format("sparkeos.kafka")
+             .option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+             .option("deliveryGuarantee", guarantee).option("checkpointLocation", str(tmp_path / "ck")).start())
+    query.processAllAvailable()
+    query.stop()
     assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(500))
+    # Below any consumer: plain batches, no transaction, and no marker of a committed batch for this query.
+    with WireClient(bootstrap) as wire:
+        log = wire.log_batches(sink)
+    assert log and not any(batch.transactional or batch.control for batch in log)
+    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    assert not [m for m in markers if query.id in m["transactional_id"]]
 
 
 def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, broker, tmp_path):

@@ -10,12 +10,14 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.record.memory_records import MemoryRecords
 
 PRODUCE_VERSION = 8
 LATEST_TIMESTAMP = -1
@@ -154,6 +156,48 @@ class WireClient:
         if answer.error_code != 0:
             raise AssertionError(f"ListOffsets failed with error {answer.error_code}")
         return answer.offset
+
+    def log_batches(self, topic: str, partition: int = 0) -> list[LoggedBatch]:
+        """Every record batch of a partition as the log holds it, read uncommitted from offset 0 to its end:
+        what no consumer shows, whether a batch was written inside a transaction and by which producer."""
+        end = self.log_end_offset(topic, partition)
+        batches: list[LoggedBatch] = []
+        position = 0
+        while position < end:
+            records = self._fetch_uncommitted(topic, partition, position)
+            if not records:
+                raise AssertionError(f"{topic}-{partition} returned nothing at offset {position} of {end}")
+            memory = MemoryRecords(records)
+            while (batch := memory.next_batch()) is not None:
+                batches.append(LoggedBatch(
+                    batch.base_offset, batch.is_transactional, batch.is_control_batch, batch.producer_id,
+                    batch.producer_epoch, [record.value for record in batch],
+                ))
+                position = batch.base_offset + batch.last_offset_delta + 1
+        return batches
+
+    def _fetch_uncommitted(self, topic: str, partition: int, offset: int) -> bytes:
+        FetchTopic = FetchRequest.FetchTopic
+        request = FetchRequest(
+            replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 22, isolation_level=0,
+            topics=[FetchTopic(topic=topic, partitions=[
+                FetchTopic.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=1 << 22)
+            ])],
+        )
+        answer = self.request(request, FetchResponse, 4).responses[0].partitions[0]
+        if answer.error_code != 0:
+            raise AssertionError(f"Fetch of {topic}-{partition} at {offset} failed with error {answer.error_code}")
+        return bytes(answer.records or b"")
+
+
+@dataclass(frozen=True)
+class LoggedBatch:
+    base_offset: int
+    transactional: bool
+    control: bool  # a transaction marker; its one record's value is not the data
+    producer_id: int
+    producer_epoch: int
+    values: list[bytes | None]
 
 
 def produce_request(topic: str, partition: int, records: bytes, acks: int = -1) -> Any:
