@@ -598,6 +598,17 @@ def test_checkpoint_wins_over_starting_offsets_on_restart(spark, broker, tmp_pat
     third, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="earliest")
     assert placed(third.rows) == {(topic, 0, 6)} and len(third.rows) == 1
 
+    # Group offsets are for lag tools only: rewound ones would re-read everything if they were used, and the
+    # group then follows the checkpoint's batch (commitOffsetsToGroup is on with a group id).
+    group = unique("rewound")
+    commit_group_offsets(bootstrap, group, topic, {0: 0, 1: 0})
+    produce(bootstrap, topic, ["z1"], partition=1)
+    fourth, _ = run_available_now(spark, bootstrap, checkpoint, subscribe=topic, startingOffsets="group",
+                                  **{"kafka.group.id": group})
+    assert placed(fourth.rows) == {(topic, 1, 6)} and len(fourth.rows) == 1
+    wait_for(lambda: group_offsets(bootstrap, group, topic, 2) == {0: 7, 1: 7}, timeout_s=30,
+             what="the group's offsets at the end of the checkpoint's batch")
+
 
 # --- how much each trigger reads -------------------------------------------------------------------
 
