@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from spark_crash_support import command_line, descendants
-from spark_support import CLIENT_CACHE_TIMEOUT_S, create_topic, produce, read_committed, unique, wait_for
+from spark_crash_support import Driver, command_line, descendants, pipeline_job_args
+from spark_support import (
+    CLIENT_CACHE_TIMEOUT_S,
+    arm_failpoint,
+    clear_failpoints,
+    create_topic,
+    fired,
+    produce,
+    read_committed,
+    unique,
+    wait_for,
+)
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
 from wire import WireClient
@@ -490,3 +501,90 @@ def test_batches_larger_than_the_producer_queue(spark, broker, tmp_path, guarant
     run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"), topic=sink,
                deliveryGuarantee=guarantee, **{"kafka.queue.buffering.max.messages": "50"})
     assert read_committed(bootstrap, sink) == [str(i).encode() for i in range(2000)]  # one partition in, one out
+
+
+# --- the driver's report of each batch -----------------------------------------------------------------------------
+
+REPORT_SCRIPT = textwrap.dedent(
+    """
+    import logging, sys
+    if sys.argv[1] == "configured":  # as Spark's worker logging does it: a handler on the root logger, at WARNING
+        logging.basicConfig(level=logging.WARNING, format="CONFIGURED %(levelname)s %(name)s %(message)s")
+    from sparkeos.spark.options import parse_sink_options
+    from sparkeos.spark.sink import KafkaStreamWriter, SinkCommit
+    writer = KafkaStreamWriter(parse_sink_options({"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t"}), 1)
+    writer.commit([SinkCommit(0, 7, 20, False, "p-0"), SinkCommit(1, 7, 5, True, "p-1")], 7)
+    writer.abort([SinkCommit(0, 8, 20, False, "p-0"), None], 8)
+    """
+)
+
+
+def run_report_script(mode: str, level: str | None = None) -> subprocess.CompletedProcess:
+    """The driver's commit and abort in a fresh interpreter, as Spark runs them: nothing configures logging there."""
+    env = {key: value for key, value in os.environ.items() if key != "SPARKEOS_LOG_LEVEL"}
+    if level is not None:
+        env["SPARKEOS_LOG_LEVEL"] = level
+    return subprocess.run([sys.executable, "-c", REPORT_SCRIPT, mode], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_driver_reports_each_batch_on_stderr_unless_logging_is_configured():
+    plain = run_report_script("plain")
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(" INFO sparkeos.sink: batch 7 committed (exactly_once): 2 tasks, 20 records; "
+                             "partitions [1] had already committed this batch and wrote nothing")
+    assert lines[1].endswith(" WARNING sparkeos.sink: batch 8 aborted by Spark: 1 of 2 tasks had finished; Spark "
+                             "re-runs the batch and tasks whose marker shows it committed write nothing")
+
+    quiet = run_report_script("plain", level="warning")
+    assert [line.split(" ", 3)[2] for line in quiet.stderr.splitlines()] == ["WARNING"]
+
+    configured = run_report_script("configured")
+    assert [line.split(" ", 3)[:3] for line in configured.stderr.splitlines()] == [
+        ["CONFIGURED", "INFO", "sparkeos.sink"], ["CONFIGURED", "WARNING", "sparkeos.sink"]]
+    configured_quiet = run_report_script("configured", level="WARNING")
+    assert [line.split(" ", 3)[1] for line in configured_quiet.stderr.splitlines()] == ["WARNING"]
+
+    bad = run_report_script("plain", level="loud")
+    assert bad.returncode != 0
+    expected = "environment variable SPARKEOS_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, not 'loud'"
+    assert expected in bad.stderr
+
+
+COMMITTED_REPORT = re.compile(r" INFO sparkeos\.sink: batch (\d+) committed \(exactly_once\): \d+ tasks, (\d+) records")
+
+
+@pytest.mark.timeout(600)
+def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, tmp_path):
+    """A query in a driver of its own (tests/spark_pipeline_job.py): what Spark copies into the driver's log."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(600)])
+    kept = len([i for i in range(600) if i % 7])  # the job drops the multiples of 7
+    driver = Driver(tmp_path, unique("reports"), pipeline_job_args(bootstrap, source, sink, tmp_path / "ck"))
+    driver.start(0)
+    try:
+        driver.wait_running(240)
+
+        def reported() -> dict[int, int]:
+            return {int(batch): int(records) for batch, records in COMMITTED_REPORT.findall(driver.error_tail(10**6))}
+
+        wait_for(lambda: sum(reported().values()) == kept or not driver.alive(), timeout_s=240,
+                 what=f"reports of {kept} records committed")
+        assert driver.alive(), driver.error_tail()
+        assert len(COMMITTED_REPORT.findall(driver.error_tail(10**6))) == len(reported()), "a batch reported twice"
+        assert len(read_committed(bootstrap, sink)) == kept
+
+        arm_failpoint("sink.before_commit")
+        produce(bootstrap, source, ["601"])
+        wait_for(lambda: "QUERY ENDED" in driver.output() or not driver.alive(), timeout_s=240,
+                 what="the query to fail on the failpoint")
+        assert fired("sink.before_commit")
+        aborted = re.findall(r" WARNING sparkeos\.sink: batch (\d+) aborted by Spark", driver.error_tail(10**6))
+        assert aborted == [str(max(reported()) + 1)], driver.error_tail()
+    finally:
+        driver.kill()
+        clear_failpoints()

@@ -56,6 +56,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -188,6 +190,36 @@ def report_commit(messages: list, batch: int, guarantee: str) -> str:
     if skipped:
         summary += f"; partitions {skipped} had already committed this batch and wrote nothing"
     return summary
+
+
+REPORT_LEVEL_ENV = "SPARKEOS_LOG_LEVEL"
+REPORT_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def report_level() -> int:
+    """The level from which the driver's batch reports are written to stderr: SPARKEOS_LOG_LEVEL, default INFO."""
+    text = os.environ.get(REPORT_LEVEL_ENV, "INFO")
+    if text.strip().upper() not in REPORT_LEVELS:
+        raise ValueError(f"environment variable {REPORT_LEVEL_ENV} must be one of {', '.join(REPORT_LEVELS)}, "
+                         f"not {text!r}")
+    return logging.getLevelName(text.strip().upper())
+
+
+def report(level: int, message: str) -> None:
+    """The driver's report of one batch (its commit or abort).
+
+    Spark calls a sink's commit and abort in a Python process of its own, copies that process's stderr into the
+    driver's log, and configures no logging there, so Python would drop an INFO record. Where logging is configured
+    in the process (Spark's spark.sql.pyspark.worker.logging.enabled, or a caller's own set-up) the report is a
+    record of the `sparkeos.sink` logger; elsewhere it is a line on stderr in the layout of Spark's own log lines.
+    Either way SPARKEOS_LOG_LEVEL decides from which level on, unless the logger was given a level of its own."""
+    if log.hasHandlers():
+        if log.level == logging.NOTSET:
+            log.setLevel(report_level())  # else the root logger's WARNING would drop every commit report
+        log.log(level, message)
+    elif level >= report_level():
+        sys.stderr.write(f"{time.strftime('%y/%m/%d %H:%M:%S')} {logging.getLevelName(level)} {log.name}: {message}\n")
+        sys.stderr.flush()
 
 
 # --- executor side ------------------------------------------------------------------------------
@@ -663,6 +695,7 @@ def _produce_and_flush(producer: Producer, options: SinkOptions,
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, marker_partitions: int):
+        report_level()  # a bad SPARKEOS_LOG_LEVEL fails the query at its start, not at its first commit
         self.options = options
         self.marker_partitions = marker_partitions
 
@@ -677,16 +710,17 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         failpoints.fire("sink.driver_commit")
-        log.info(report_commit(messages, batchId, self.options.delivery_guarantee))
+        report(logging.INFO, report_commit(messages, batchId, self.options.delivery_guarantee))
 
     def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         done = [m for m in messages if isinstance(m, SinkCommit)]
-        log.warning("batch %d aborted by Spark: %d of %d tasks had finished; Spark re-runs the batch and tasks "
-                    "whose marker shows it committed write nothing", batchId, len(done), len(messages))
+        report(logging.WARNING, f"batch {batchId} aborted by Spark: {len(done)} of {len(messages)} tasks had finished; "
+                                "Spark re-runs the batch and tasks whose marker shows it committed write nothing")
 
 
 class KafkaBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions, marker_partitions: int):
+        report_level()
         self.options = options
         self.marker_partitions = marker_partitions
         self.write_id = uuid.uuid4().hex[:16]
@@ -701,8 +735,8 @@ class KafkaBatchWriter(DataSourceArrowWriter):
                                       self.marker_partitions, iterator, one_write_id=True)
 
     def commit(self, messages: list) -> None:
-        log.info(report_commit(messages, 0, self.options.delivery_guarantee))
+        report(logging.INFO, report_commit(messages, 0, self.options.delivery_guarantee))
 
     def abort(self, messages: list) -> None:
-        log.warning("write %s aborted by Spark after %d tasks finished", self.write_id,
-                    len([m for m in messages if isinstance(m, SinkCommit)]))
+        done = len([m for m in messages if isinstance(m, SinkCommit)])
+        report(logging.WARNING, f"write {self.write_id} aborted by Spark after {done} tasks finished")
