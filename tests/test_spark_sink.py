@@ -274,8 +274,9 @@ def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broke
     produce(bootstrap, source, [str(i) for i in range(200)])
     run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"), topic=sink)
     assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(200))
-    holders = [pid for pid, threads in kafka_client_threads_of_python_workers().items() if threads]
-    assert holders, "no Python worker holds a cached client after the query"
+    workers = kafka_client_threads_of_python_workers()
+    holders = [pid for pid, threads in workers.items() if threads]
+    assert holders, f"no Python worker holds a cached client after the query (librdkafka threads by worker: {workers})"
 
     def closed_by_the_still_running_workers() -> bool:
         # Spark stops a Python worker idle for 1 minute; the clients must go before, with the worker alive.
