@@ -184,12 +184,15 @@ class Driver:
             time.sleep(0.1)
         raise AssertionError(f"driver did not start its query in {timeout_s} s:\n{self.error_tail()}")
 
+    def errors(self) -> str:
+        """The driver's stderr so far: Spark's log, and what its Python processes wrote to stderr."""
+        path = Path(str(self.stdout_path).replace(".out", ".err"))
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def error_tail(self, lines: int = 40) -> str:
         """The end of the driver's stderr, then the exceptions it names: last, so that a shortened report of a
         failure (which keeps its end) still says what killed the query, not only Spark's plan dump."""
-        path = Path(str(self.stdout_path).replace(".out", ".err"))
-        text = path.read_text(errors="replace") if path.exists() else ""
-        own = [line for line in text.splitlines() if not line.startswith("%")]  # librdkafka's log lines
+        own = [line for line in self.errors().splitlines() if not line.startswith("%")]  # librdkafka's log lines
         return "\n".join(own[-lines:]) + "\n--- exceptions in the driver's log ---\n" + "\n".join(exception_lines(own))
 
     def alive(self) -> bool:

@@ -42,7 +42,8 @@ def stream_of(spark, bootstrap: str, topic: str, **options: str):
     return reader.load()
 
 
-def run_to_end(frame, bootstrap: str, checkpoint: str, **options: str) -> None:
+def run_to_end(frame, bootstrap: str, checkpoint: str, **options: str):
+    """Write `frame` to the sink until the input is used up; the stopped query."""
     writer = frame.writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
     writer = writer.option("checkpointLocation", checkpoint)
     for key, value in options.items():
@@ -52,6 +53,7 @@ def run_to_end(frame, bootstrap: str, checkpoint: str, **options: str) -> None:
         query.processAllAvailable()
     finally:
         query.stop()
+    return query
 
 
 def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path):
@@ -197,11 +199,8 @@ def test_non_transactional_guarantees_deliver_everything_without_failures(spark,
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = create_topic(bootstrap, unique("out"))
     produce(bootstrap, source, [str(i) for i in range(500)])
-    query = (stream_of(spark, bootstrap, source).select("value").writeStream.format("sparkeos.kafka")
-             .option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
-             .option("deliveryGuarantee", guarantee).option("checkpointLocation", str(tmp_path / "ck")).start())
-    query.processAllAvailable()
-    query.stop()
+    query = run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
+                       topic=sink, deliveryGuarantee=guarantee)
     assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(500))
     # Below any consumer: plain batches, no transaction, and no marker of a committed batch for this query.
     with WireClient(bootstrap) as wire:
@@ -570,13 +569,14 @@ def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, 
     try:
         driver.wait_running(240)
 
-        def reported() -> dict[int, int]:
-            return {int(batch): int(records) for batch, records in COMMITTED_REPORT.findall(driver.error_tail(10**6))}
+        def reported() -> list[tuple[int, int]]:
+            return [(int(batch), int(records)) for batch, records in COMMITTED_REPORT.findall(driver.errors())]
 
-        wait_for(lambda: sum(reported().values()) == kept or not driver.alive(), timeout_s=240,
+        wait_for(lambda: sum(records for _, records in reported()) == kept or not driver.alive(), timeout_s=240,
                  what=f"reports of {kept} records committed")
         assert driver.alive(), driver.error_tail()
-        assert len(COMMITTED_REPORT.findall(driver.error_tail(10**6))) == len(reported()), "a batch reported twice"
+        batches = [batch for batch, _ in reported()]
+        assert len(batches) == len(set(batches)), f"a batch reported twice: {batches}"
         assert len(read_committed(bootstrap, sink)) == kept
 
         arm_failpoint("sink.before_commit")
@@ -584,8 +584,8 @@ def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, 
         wait_for(lambda: "QUERY ENDED" in driver.output() or not driver.alive(), timeout_s=240,
                  what="the query to fail on the failpoint")
         assert fired("sink.before_commit")
-        aborted = re.findall(r" WARNING sparkeos\.sink: batch (\d+) aborted by Spark", driver.error_tail(10**6))
-        assert aborted == [str(max(reported()) + 1)], driver.error_tail()
+        aborted = re.findall(r" WARNING sparkeos\.sink: batch (\d+) aborted by Spark", driver.errors())
+        assert aborted == [str(max(batches) + 1)], driver.error_tail()
     finally:
         driver.kill()
         clear_failpoints()

@@ -199,10 +199,11 @@ REPORT_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 def report_level() -> int:
     """The level from which the driver's batch reports are written to stderr: SPARKEOS_LOG_LEVEL, default INFO."""
     text = os.environ.get(REPORT_LEVEL_ENV, "INFO")
-    if text.strip().upper() not in REPORT_LEVELS:
+    name = text.strip().upper()
+    if name not in REPORT_LEVELS:
         raise ValueError(f"environment variable {REPORT_LEVEL_ENV} must be one of {', '.join(REPORT_LEVELS)}, "
                          f"not {text!r}")
-    return logging.getLevelName(text.strip().upper())
+    return logging.getLevelName(name)
 
 
 def report(level: int, message: str) -> None:
