@@ -234,3 +234,49 @@ def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_pa
     assert {m["transactional_id"] for m in ours} <= {f"{prefix}-0", f"{prefix}-1"}
     assert {m["batch"] for m in ours} == batches
     assert sum(m["records"] for m in ours) == 900
+
+
+def data_epochs(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+    """(producer id, epoch) of each data batch in `topic`'s log, in log order."""
+    with WireClient(bootstrap) as wire:
+        return [(b.producer_id, b.producer_epoch) for b in wire.log_batches(topic) if not b.control]
+
+
+def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, tmp_path):
+    """Step 4 in a Spark of its own (one core, so which worker runs each task is known; tests/producer_cache_job.py).
+
+    A worker that runs a partition's tasks one after the other commits them all with one producer, across restarts
+    of the query, until another producer inits the id; then its first transaction fails, and a new producer commits.
+    A worker whose producer another worker's commit superseded replaces it before using it: no call is made on a
+    fenced producer (librdkafka logs each such call as a fatal error)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bootstrap = broker.bootstrap_servers
+    files_sink = create_topic(bootstrap, unique("files-out"))
+    pipeline_source = create_topic(bootstrap, unique("in"))
+    pipeline_sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, pipeline_source, [str(i) for i in range(600)])
+    job = Path(__file__).with_name("producer_cache_job.py")
+    result = subprocess.run(
+        [sys.executable, str(job), "--bootstrap", bootstrap, "--workdir", str(tmp_path), "--files-sink", files_sink,
+         "--pipeline-source", pipeline_source, "--pipeline-sink", pipeline_sink],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "DONE" in result.stdout, result.stderr[-3000:]
+
+    assert Counter(read_committed(bootstrap, files_sink)) == Counter(
+        f"file{f}-line{line}".encode() for f in range(7) for line in range(10))
+    epochs = data_epochs(bootstrap, files_sink)
+    assert len(epochs) == 7, epochs  # a transaction per file, its records in one batch
+    first = epochs[0]
+    # Batches 0-4: one producer, through a restart. Batches 5-6: the id was initialised once more in between.
+    assert epochs == [first] * 5 + [(first[0], first[1] + 2)] * 2, epochs
+
+    assert Counter(read_committed(bootstrap, pipeline_sink)) == Counter(str(i).encode() for i in range(600))
+    handed_over = data_epochs(bootstrap, pipeline_sink)
+    assert len(set(handed_over)) >= 3, f"the sink's tasks did not change workers: {handed_over}"
+    files_log, pipeline_log = result.stderr.split("PART 2\n")
+    assert "This instance has been fenced" in files_log  # batch 5's first call, as the docstring says
+    fenced_calls = [line for line in pipeline_log.splitlines() if "fenced" in line.lower()]
+    assert not fenced_calls, "\n".join(fenced_calls[:5])

@@ -28,13 +28,14 @@ Protocol
    Otherwise it begins a transaction, produces the records, then the marker record and the marker
    offset, and commits. Any error aborts the transaction (or discards a fenced producer) and fails the
    task; Spark's retry decides again from step 3.
-4. A producer cached by the worker may have been fenced by another worker since. Each transaction
-   therefore starts with the marker offset (``send_offsets_to_transaction``), a synchronous round trip:
-   if it fails, or does not return within its bound (``BEGIN_TIMEOUT_S``), the producer is replaced
-   (``init_transactions``) and the marker read again, before any input is consumed. A producer fenced
-   after that point cannot commit; its commit fails the task. A cached producer that no task used for
-   ``spark.kafka.producer.cache.timeout`` is closed between transactions (``clients.py``); the next task
-   of T starts again at step 3.
+4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a
+   commit of T that is not this producer's last, another producer committed T after it, and so fenced it:
+   it is replaced at once. Otherwise each transaction starts with the marker offset
+   (``send_offsets_to_transaction``), a synchronous round trip: if it fails, or does not return within its
+   bound (``BEGIN_TIMEOUT_S``), the producer is replaced (``init_transactions``) and the marker read again,
+   before any input is consumed. A producer fenced after that point cannot commit; its commit fails the
+   task. A cached producer that no task used for ``spark.kafka.producer.cache.timeout`` is closed between
+   transactions (``clients.py``); the next task of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
 
@@ -372,6 +373,7 @@ class _TransactionalWriter:
         self.consumer = Consumer(consumer_config)
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
         self.stuck = False  # a producer call never returned: the producer must not be closed
+        self.last_commit: tuple[str | None, int] | None = None  # (query, batch) of this producer's last commit
         # A coordinator lookup before the producer reached a known broker waited out a 500 ms retry timer for
         # 6 of 20 fresh producers; after two metadata requests (the first can still go out on the bootstrap
         # connection), 0 of 100 did.
@@ -515,7 +517,13 @@ class _TransactionalWriter:
                                  "value": json.dumps(marker).encode(), "partition": self.marker.partition})
         failpoints.fire("sink.before_commit")
         self.producer.commit_transaction(self.timeout_s)
+        self.last_commit = (query_id, batch)
         return records
+
+    def superseded(self, query_id: str | None, committed: int | None) -> bool:
+        """Whether the marker shows a commit of T newer than this producer's last: another producer of T, which
+        fenced this one when it called init_transactions before committing."""
+        return self.last_commit is not None and self.last_commit != (query_id, committed)
 
     def abort_quietly(self) -> None:
         try:
@@ -600,7 +608,15 @@ def _set_up_while_reading_ahead(key: tuple, create, put_back, query_id: str | No
     def writer_and_marker() -> tuple[_TransactionalWriter, int | None]:
         writer = _writers.acquire(key, create)
         try:
-            return writer, writer.last_committed_batch(query_id, scan_records=scan_records)
+            committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            if writer.superseded(query_id, committed):
+                # The usual case in a streaming query: Spark hands a partition's next task to whichever idle
+                # worker is first in its queue, seldom the one that ran the last. Replaced here, while the task
+                # reads ahead, not after a transaction's first call failed on it (which librdkafka logs as fatal).
+                _writers.forget(writer)
+                writer = _writers.acquire(key, create)
+                committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            return writer, committed
         except BaseException:
             put_back(writer)
             raise
