@@ -24,7 +24,6 @@ from confluent_kafka import Producer
 
 import sparkeos.spark
 
-FILES = 7
 RUNS = ((0, 3), (3, 5), (5, 7))  # the files each run of part 1 finds
 
 

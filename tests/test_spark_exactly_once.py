@@ -7,7 +7,10 @@ every expected record exactly once, nothing else.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -249,10 +252,6 @@ def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, t
     of the query, until another producer inits the id; then its first transaction fails, and a new producer commits.
     A worker whose producer another worker's commit superseded replaces it before using it: no call is made on a
     fenced producer (librdkafka logs each such call as a fatal error)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     bootstrap = broker.bootstrap_servers
     files_sink = create_topic(bootstrap, unique("files-out"))
     pipeline_source = create_topic(bootstrap, unique("in"))
