@@ -190,10 +190,13 @@ class Driver:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def error_tail(self, lines: int = 40) -> str:
-        """The end of the driver's stderr, then the exceptions it names: last, so that a shortened report of a
-        failure (which keeps its end) still says what killed the query, not only Spark's plan dump."""
+        """The driver's stderr: its end between the exceptions it names. They come at both ends, because pytest's
+        short summary keeps a message's first line and a shortened report keeps its start or its end (one that
+        kept the middle showed a data-loss error's traceback without its reason)."""
         own = [line for line in self.errors().splitlines() if not line.startswith("%")]  # librdkafka's log lines
-        return "\n".join(own[-lines:]) + "\n--- exceptions in the driver's log ---\n" + "\n".join(exception_lines(own))
+        exceptions = "\n".join(exception_lines(own))
+        return (f"{' | '.join(exception_lines(own, most=3, width=300))}\n" + "\n".join(own[-lines:])
+                + "\n--- exceptions in the driver's log ---\n" + exceptions)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

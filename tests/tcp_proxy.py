@@ -4,7 +4,8 @@ Clients connect to the proxy, which forwards every byte to the broker and back. 
 drops every connection at once; with `cut_after_request_probability` the proxy sometimes
 forwards a chunk of a request to the broker and then drops the connection before any of the
 broker's answer reaches the client, the case where a client cannot know whether its request
-was applied and must retry it.
+was applied and must retry it. `cut_requests(api_key, count)` does the same to the next `count`
+requests of one Kafka API, whichever connection carries them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class _Link:
         self.upstream = upstream
         self.muted = threading.Event()  # set: broker bytes are dropped instead of forwarded
         self.closed = threading.Event()
+        self.request_bytes_left = 0  # of the request whose bytes are being forwarded
+        self.partial_size = b""  # the start of a request's size prefix that ended a chunk
 
     def close(self) -> None:
         if self.closed.is_set():
@@ -50,6 +53,7 @@ class TcpProxy:
         self.cuts = 0
         self.cuts_after_request = 0
         self.accepted = 0
+        self._cuts_by_api: dict[int, int] = {}  # api key -> requests still to cut
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -95,6 +99,16 @@ class TcpProxy:
         self.cuts += len(links)
         return len(links)
 
+    def cut_requests(self, api_key: int, count: int = 1) -> None:
+        """Forward the next `count` requests of `api_key` to the broker, and drop their connections before any
+        answer reaches the client."""
+        with self._lock:
+            self._cuts_by_api[api_key] = self._cuts_by_api.get(api_key, 0) + count
+
+    def requests_left_to_cut(self, api_key: int) -> int:
+        with self._lock:
+            return self._cuts_by_api.get(api_key, 0)
+
     def open_connections(self) -> int:
         with self._lock:
             return len(self._links)
@@ -134,7 +148,7 @@ class TcpProxy:
                 if not data:
                     break
                 with self._lock:
-                    cut = self.rng.random() < self.cut_after_request_probability
+                    cut = self.rng.random() < self.cut_after_request_probability or self._cut_by_api(link, data)
                 if cut:
                     # The broker gets the bytes; the client never hears back.
                     link.muted.set()
@@ -146,6 +160,32 @@ class TcpProxy:
         except OSError:
             pass
         self._drop(link)
+
+    def _cut_by_api(self, link: _Link, data: bytes) -> bool:
+        """Whether `data` starts a request whose API is to be cut; follows the request framing (called with the
+        lock held)."""
+        cut = False
+        position = 0
+        if link.partial_size:
+            data = link.partial_size + data
+            link.partial_size = b""
+        while position < len(data):
+            if link.request_bytes_left:
+                step = min(link.request_bytes_left, len(data) - position)
+                link.request_bytes_left -= step
+                position += step
+                continue
+            if len(data) - position < 6:
+                link.partial_size = data[position:]
+                break
+            size = int.from_bytes(data[position : position + 4], "big")
+            api_key = int.from_bytes(data[position + 4 : position + 6], "big")
+            if self._cuts_by_api.get(api_key, 0) > 0:
+                self._cuts_by_api[api_key] -= 1
+                cut = True
+            link.request_bytes_left = size
+            position += 4
+        return cut
 
     def _pump_responses(self, link: _Link) -> None:
         try:

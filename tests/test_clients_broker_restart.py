@@ -2,7 +2,9 @@
 
 Driver-side requests (metadata, ListOffsets, OffsetFetch) made while the broker is down must be answered
 once it is back within their deadline. librdkafka fails a ListOffsets at once while no leader is known, and
-a running query died when its metadata request failed during a 1-3 s outage.
+a running query died when its metadata request failed during a 1-3 s outage. A ListOffsets whose connection
+closes before the answer comes back (a broker killed with the request in flight) is librdkafka's -1001 with
+no error, and must be asked again, not taken for the partition's end.
 
 The sink's transaction start: after its broker went away, librdkafka can block in send_offsets_to_transaction
 far past the timeout it was given (confluentinc/librdkafka#5456, #5511); the sink starts every transaction
@@ -19,11 +21,13 @@ import time
 import pytest
 from confluent_kafka import KafkaException
 
-from spark_support import commit_sink_batch, create_topic, unique
+from spark_support import commit_sink_batch, create_topic, produce, unique
+from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.clients import ClientCallStuck
 from sparkeos.spark.cluster import KafkaCluster
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter, prepare_exactly_once
+from tcp_proxy import TcpProxy
 
 TRIES = 2
 SECONDS_DOWN = 1.5
@@ -60,6 +64,25 @@ def test_driver_side_requests_made_while_the_broker_is_down_are_answered_once_it
     with pytest.raises(RuntimeError, match=f"partitions {topic}-5 do not exist"):
         cluster.latest([(topic, 5)], read_committed=True)
     assert time.monotonic() - started < 10
+
+
+LIST_OFFSETS = 2
+
+
+def test_offsets_asked_on_a_connection_that_closes_before_the_answer_are_asked_again(tmp_path):
+    with TcpProxy() as proxy, EmbeddedBroker(tmp_path / "broker", advertised_host="127.0.0.1",
+                                             advertised_port=proxy.port) as broker:
+        proxy.target = ("127.0.0.1", broker.config.port)
+        topic = create_topic(proxy.address, unique("in"), partitions=2)
+        produce(proxy.address, topic, [str(n) for n in range(10)], partition=1)
+        cluster = KafkaCluster({"bootstrap.servers": proxy.address}, timeout_s=20)
+        expected = {(topic, 0): 0, (topic, 1): 10}
+        assert cluster.latest(expected, read_committed=True) == expected
+        for cuts in (1, 3):
+            proxy.cut_requests(LIST_OFFSETS, cuts)
+            assert cluster.latest(expected, read_committed=True) == expected, f"{cuts} answers lost"
+            assert proxy.requests_left_to_cut(LIST_OFFSETS) == 0, "the proxy cut fewer requests than asked"
+            assert cluster.earliest(expected) == {(topic, 0): 0, (topic, 1): 0}
 
 
 def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_and_a_new_producer_carries_on(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from confluent_kafka import (
+    OFFSET_INVALID,
     Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
@@ -39,6 +40,10 @@ TRANSIENT_ERRORS = frozenset({
     KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
 })
 RETRY_BACKOFF_S = 0.2
+# librdkafka (2.16) answers a ListOffsets whose connection closed before the broker's answer came with offset
+# OFFSET_INVALID (-1001) and no error; no broker ever answers it. Taken for an answer, a latest offset of -1001
+# read as the broker was killed failed a running query: the end of its input "went back" below its start.
+LOST_LIST_OFFSETS = "the connection closed with a ListOffsets request in flight (offset -1001 and no error)"
 KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 TopicPartitions = dict[str, dict[int, int]]
@@ -191,12 +196,15 @@ class KafkaCluster:
         def attempt(timeout_s: float) -> dict:
             futures = self.admin.list_offsets(wanted, isolation_level=isolation, request_timeout=timeout_s)
             try:
-                return self._wait(futures, "a ListOffsets request", timeout_s)
+                results = self._wait(futures, "a ListOffsets request", timeout_s)
             except _Transient as exc:
                 if isinstance(exc.error, KafkaError) and exc.error.code() == KafkaError._NOENT:
                     # "No leaders found" is final for a partition that is not there.
                     self._check_partitions_exist(wanted, timeout_s)
                 raise exc
+            if any(getattr(result, "offset", None) == OFFSET_INVALID for result in results.values()):
+                raise _Transient(LOST_LIST_OFFSETS)
+            return results
 
         results = self._until_deadline(attempt, "a ListOffsets request")
         offsets = {}
