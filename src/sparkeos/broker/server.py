@@ -42,9 +42,9 @@ def _request_is_flexible(api_key: int, version: int) -> bool:
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, connections: set[Connection]) -> None:
+    def __init__(self, broker: Broker, server: BrokerServer) -> None:
         self.broker = broker
-        self.connections = connections
+        self.server = server
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._stage = bytearray(STAGING_BYTES)
@@ -68,7 +68,11 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.connections.add(self)
+        if self.server.stopping:
+            # Accepted just before the listener closed: shutdown has already collected the connections it ends.
+            transport.abort()
+            return
+        self.server.connections.add(self)
         self._writer = asyncio.get_running_loop().create_task(self._write_responses())
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -239,7 +243,7 @@ class Connection(asyncio.BufferedProtocol):
             self._cancel_pending()
             transport.close()
             # Tracked until here, not just until the socket closes: shutdown must find its handlers.
-            self.connections.discard(self)
+            self.server.connections.discard(self)
 
     def _cancel_pending(self) -> None:
         while self._responses:
@@ -267,11 +271,12 @@ class BrokerServer:
         self.broker = broker
         self.server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
+        self.stopping = False
 
     async def start(self) -> int:
         config = self.broker.config
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: Connection(self.broker, self.connections),
+        self.server = await loop.create_server(lambda: Connection(self.broker, self),
                                                config.host, config.port)
         port = self.server.sockets[0].getsockname()[1]
         config.port = port
@@ -279,6 +284,7 @@ class BrokerServer:
         return port
 
     async def stop(self) -> None:
+        self.stopping = True
         if self.server is not None:
             self.server.close()
         tasks = [task for connection in list(self.connections) for task in connection.abort()]
