@@ -194,9 +194,9 @@ class Driver:
         short summary keeps a message's first line and a shortened report keeps its start or its end (one that
         kept the middle showed a data-loss error's traceback without its reason)."""
         own = [line for line in self.errors().splitlines() if not line.startswith("%")]  # librdkafka's log lines
-        exceptions = "\n".join(exception_lines(own))
-        return (f"{' | '.join(exception_lines(own, most=3, width=300))}\n" + "\n".join(own[-lines:])
-                + "\n--- exceptions in the driver's log ---\n" + exceptions)
+        exceptions = exception_lines(own)
+        return (" | ".join(exceptions[:3]) + "\n" + "\n".join(own[-lines:])
+                + "\n--- exceptions in the driver's log ---\n" + "\n".join(exceptions))
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
