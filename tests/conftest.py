@@ -37,7 +37,7 @@ def topic_name() -> str:
 @pytest.fixture(scope="session")
 def spark():
     """A real local Spark session (local[2]) shared by the whole test run, sparkeos.kafka registered."""
-    from spark_support import spark_session
+    from support.spark import spark_session
 
     session = spark_session()
     yield session

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
-from tcp_proxy import TcpProxy
-from wire import WireClient, build_batch
+from support.tcp_proxy import TcpProxy
+from support.wire import WireClient, build_batch
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from kafka.protocol.producer import (
 from kafka.record.memory_records import MemoryRecords
 
 from sparkeos.broker import EmbeddedBroker
-from wire import WireClient, build_batch
+from support.wire import WireClient, build_batch
 
 NONE = 0
 UNKNOWN_TOPIC_OR_PARTITION = 3

@@ -13,7 +13,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkeos.broker import BrokerProcess
-from wire import WireClient
+from support.wire import WireClient
 
 log = logging.getLogger(__name__)
 

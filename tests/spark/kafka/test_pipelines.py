@@ -9,7 +9,7 @@ from collections import Counter
 
 from confluent_kafka import Producer
 
-from spark_support import create_topic, produce, produce_transaction, read_committed, unique, wait_for
+from support.spark import create_topic, produce, produce_transaction, read_committed, unique, wait_for
 
 WINDOW_MS = 20_000
 # An hour ago, on a window boundary: recent enough that retention.ms (by record timestamp) keeps it.

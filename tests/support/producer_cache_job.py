@@ -1,7 +1,7 @@
 """Exactly-once queries on a one-core local Spark, where the Python worker each sink task runs in is known.
 
-    python tests/producer_cache_job.py --bootstrap HOST:PORT --workdir DIR --files-sink T1 --pipeline-source T2 \
-        --pipeline-sink T3
+    python tests/support/producer_cache_job.py --bootstrap HOST:PORT --workdir DIR --files-sink T1 \
+        --pipeline-source T2 --pipeline-sink T3
 
 1. Text files -> sink topic T1, one file per batch. Spark's file source runs in the JVM, so the only Python worker
    the tasks use is the sink's, and with one core it is the same worker every batch. The query runs three times

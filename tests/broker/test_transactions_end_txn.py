@@ -23,7 +23,7 @@ from kafka.protocol.producer import (
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
 from sparkeos.broker.coordinator.transactions import COMPLETE_COMMIT, ONGOING
-from wire import WireClient, build_batch
+from support.wire import WireClient, build_batch
 
 NONE = 0
 

@@ -1,6 +1,6 @@
 """Crash proof of the exactly-once pipeline: the broker is killed with SIGKILL at random moments.
 
-A Kafka -> Spark -> Kafka query (tests/spark_pipeline_job.py, a separate driver process) keeps running while
+A Kafka -> Spark -> Kafka query (tests/support/pipeline_job.py, a separate driver process) keeps running while
 the one broker it reads from and writes to is killed again and again, most often in the middle of a
 micro-batch, and restarted on the same port and data directory after an outage of a random length. A feeder
 keeps appending input all along: plain records, committed transactions and aborted transactions.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from spark_crash_support import (
+from support.crash import (
     Driver,
     InputFeeder,
     assert_output_exact,
@@ -29,7 +29,7 @@ from spark_crash_support import (
     pipeline_job_args,
     wait_until_stable,
 )
-from spark_support import create_topic, read_committed, unique, wait_for
+from support.spark import create_topic, read_committed, unique, wait_for
 
 OUTAGES = 6
 SOURCE_PARTITIONS = 3

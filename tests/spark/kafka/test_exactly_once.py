@@ -16,7 +16,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from pyspark.errors import StreamingQueryException
 
-from spark_support import (
+from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from support.spark import (
     arm_failpoint,
     clear_failpoints,
     create_topic,
@@ -26,8 +27,7 @@ from spark_support import (
     unique,
     wait_for,
 )
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
-from wire import WireClient
+from support.wire import WireClient
 
 
 def start_pipeline(spark, bootstrap: str, source: str, sink: str, checkpoint: str, starting: str = "earliest",
@@ -246,7 +246,9 @@ def data_epochs(bootstrap: str, topic: str) -> list[tuple[int, int]]:
 
 
 def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, tmp_path):
-    """Step 4 in a Spark of its own (one core, so which worker runs each task is known; tests/producer_cache_job.py).
+    """Step 4 in a Spark of its own (one core, so which worker runs each task is known).
+
+    The job is tests/support/producer_cache_job.py.
 
     A worker that runs a partition's tasks one after the other commits them all with one producer, across restarts
     of the query, until another producer inits the id; then its first transaction fails, and a new producer commits.
@@ -257,7 +259,7 @@ def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, t
     pipeline_source = create_topic(bootstrap, unique("in"))
     pipeline_sink = create_topic(bootstrap, unique("out"))
     produce(bootstrap, pipeline_source, [str(i) for i in range(600)])
-    job = Path(__file__).with_name("producer_cache_job.py")
+    job = Path(__file__).parents[2] / "support" / "producer_cache_job.py"
     result = subprocess.run(
         [sys.executable, str(job), "--bootstrap", bootstrap, "--workdir", str(tmp_path), "--files-sink", files_sink,
          "--pipeline-source", pipeline_source, "--pipeline-sink", pipeline_sink],

@@ -1,6 +1,6 @@
 """A standalone Spark driver for the crash tests: Kafka -> Spark -> Kafka, exactly once, until killed.
 
-    python tests/spark_pipeline_job.py --bootstrap HOST:PORT --source IN --sink OUT --checkpoint DIR \
+    python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN --sink OUT --checkpoint DIR \
         [--master local[2] | spark://HOST:PORT] [--trigger-ms N] [--stateful]
 
 Stateless (default): keep the values whose number is not divisible by 7 and append "!".

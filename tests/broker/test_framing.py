@@ -23,8 +23,8 @@ from kafka.protocol.producer import ProduceResponse
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.server import MAX_IN_FLIGHT_PER_CONNECTION, STAGING_BYTES
-from test_fetch_long_poll import FETCH_VERSION, parked_fetch, wait_until, waiters_on
-from wire import PRODUCE_VERSION, WireClient, build_batch, produce_request
+from support.long_poll import FETCH_VERSION, parked_fetch, wait_until, waiters_on
+from support.wire import PRODUCE_VERSION, WireClient, build_batch, produce_request
 
 API_VERSIONS_VERSION = 0
 

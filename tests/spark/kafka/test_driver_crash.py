@@ -1,7 +1,7 @@
 """Crash proof of the exactly-once pipeline: the Spark driver is killed with SIGKILL at random moments.
 
 The broker runs in a process of its own and survives. A Kafka -> Spark -> Kafka query
-(tests/spark_pipeline_job.py, a separate driver process with its JVM and Python workers) is killed again and
+(tests/support/pipeline_job.py, a separate driver process with its JVM and Python workers) is killed again and
 again, often in the middle of a micro-batch, and restarted from the same checkpoint each time, while a
 feeder keeps appending input: plain records, committed transactions and aborted transactions. At the end
 the query runs until it consumed everything, and an independent read_committed consumer checks the output
@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from spark_crash_support import (
+from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from sparkeos.spark.sink import MARKER_PARTITIONS
+from support.crash import (
     Driver,
     InputFeeder,
     assert_output_exact,
@@ -31,9 +33,7 @@ from spark_crash_support import (
     planned_batches,
     wait_until_stable,
 )
-from spark_support import create_topic, read_committed, unique, wait_for
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
-from sparkeos.spark.sink import MARKER_PARTITIONS
+from support.spark import create_topic, read_committed, unique, wait_for
 
 CYCLES = 10  # driver kills: the crash proof calls for at least ten
 SOURCE_PARTITIONS = 3

@@ -44,7 +44,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.storage.topics import TOPIC_CONFIG_DEFAULTS
-from wire import WireClient
+from support.wire import WireClient
 
 TIMEOUT = 15.0
 UNKNOWN_TOPIC_OR_PARTITION = 3

@@ -24,7 +24,7 @@ from kafka.protocol.producer import ProduceRequest
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.apis.registry import APIS
 from sparkeos.broker.embedded import READY_PREFIX
-from wire import ConnectionClosed, WireClient, build_batch, produce_request, request_frame, split_address
+from support.wire import ConnectionClosed, WireClient, build_batch, produce_request, request_frame, split_address
 
 log = logging.getLogger(__name__)
 

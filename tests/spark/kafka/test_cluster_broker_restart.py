@@ -21,13 +21,13 @@ import time
 import pytest
 from confluent_kafka import KafkaException
 
-from spark_support import commit_sink_batch, create_topic, produce, unique
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.clients import ClientCallStuck
 from sparkeos.spark.cluster import KafkaCluster
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter, prepare_exactly_once
-from tcp_proxy import TcpProxy
+from support.spark import commit_sink_batch, create_topic, produce, unique
+from support.tcp_proxy import TcpProxy
 
 TRIES = 2
 SECONDS_DOWN = 1.5

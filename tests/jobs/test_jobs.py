@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_support import create_topic, produce, read_committed, unique
 from sparkeos.jobs.audit import audit
 from sparkeos.jobs.pipeline import build
 from sparkeos.jobs.runner import start_query
 from sparkeos.jobs.spec import JobError, load_job, parse_job
+from support.spark import create_topic, produce, read_committed, unique
 
 SCHEMA = "id INT, name STRING, identifyNumber STRING"
 

@@ -25,7 +25,7 @@ from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sparkeos.broker import EmbeddedBroker
-from wire import WireClient
+from support.wire import WireClient
 
 CODECS = {None: 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 # A whole hour, an hour ago: records this old are inside retention.ms (7 days by default). A fixed date

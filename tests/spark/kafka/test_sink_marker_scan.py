@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
 
-from spark_support import commit_sink_batch as _commit_batch
 from sparkeos.spark.options import parse_sink_options
 from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
+from support.spark import commit_sink_batch as _commit_batch
 
 
 def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_control_records(broker, topic_name):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_crash_support import Driver, command_line, descendants, pipeline_job_args
-from spark_support import (
+from sparkeos.broker import EmbeddedBroker
+from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from support.crash import Driver, command_line, descendants, pipeline_job_args
+from support.spark import (
     CLIENT_CACHE_TIMEOUT_S,
     arm_failpoint,
     clear_failpoints,
@@ -25,9 +27,7 @@ from spark_support import (
     unique,
     wait_for,
 )
-from sparkeos.broker import EmbeddedBroker
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
-from wire import WireClient
+from support.wire import WireClient
 
 
 def stream_of(spark, bootstrap: str, topic: str, **options: str):
@@ -558,7 +558,7 @@ COMMITTED_REPORT = re.compile(r" INFO sparkeos\.sink: batch (\d+) committed \(ex
 
 @pytest.mark.timeout(600)
 def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, tmp_path):
-    """A query in a driver of its own (tests/spark_pipeline_job.py): what Spark copies into the driver's log."""
+    """A query in a driver of its own (tests/support/pipeline_job.py): what Spark copies into the driver's log."""
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = create_topic(bootstrap, unique("out"))

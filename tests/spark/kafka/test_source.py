@@ -26,10 +26,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_support import create_topic, produce, produce_transaction, unique, wait_for
 from sparkeos.spark import source as source_module
 from sparkeos.spark.options import parse_source_options
 from sparkeos.spark.source import KafkaStreamReader
+from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
 # Spark's own Kafka source schema (KafkaRecordToRowConverter), written out independently of source.py.
 SPARK_KAFKA_SCHEMA = StructType(
@@ -970,7 +970,7 @@ def test_unreachable_broker_is_a_clear_error_within_the_api_timeout(spark, tmp_p
 
 def test_batch_read_of_an_empty_topic_is_empty(spark, broker):
     """Spark gives a batch read without offset ranges one placeholder partition; it must read nothing."""
-    from spark_support import create_topic, unique
+    from support.spark import create_topic, unique
 
     topic = create_topic(broker.bootstrap_servers, unique("empty"), partitions=2)
     frame = (spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", broker.bootstrap_servers)

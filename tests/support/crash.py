@@ -24,9 +24,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from spark_support import unique
+from support.spark import unique
 
-JOB = Path(__file__).with_name("spark_pipeline_job.py")
+JOB = Path(__file__).with_name("pipeline_job.py")
 TAG_VARIABLE = "SPARKEOS_CRASH_TAG"
 
 
@@ -126,7 +126,7 @@ def environment_of(pid: int) -> dict[str, str]:
 
 
 def pipeline_job_args(bootstrap: str, source: str, sink: str, checkpoint: Path, *options: str) -> list[str]:
-    """Command-line arguments of tests/spark_pipeline_job.py."""
+    """Command-line arguments of tests/support/pipeline_job.py."""
     return ["--bootstrap", bootstrap, "--source", source, "--sink", sink, "--checkpoint", str(checkpoint), *options]
 
 
@@ -144,7 +144,7 @@ def exception_lines(lines: list[str], most: int = 8, width: int = 400) -> list[s
 
 
 class Driver:
-    """One run of tests/spark_pipeline_job.py, in a session of its own, output in log files."""
+    """One run of tests/support/pipeline_job.py, in a session of its own, output in log files."""
 
     def __init__(self, log_dir: Path, tag: str, args: list[str]):
         self.log_dir = log_dir
@@ -173,7 +173,7 @@ class Driver:
 
     def wait_running(self, timeout_s: float) -> float:
         """Seconds until the driver printed that its query runs."""
-        from spark_pipeline_job import RUNNING_PREFIX
+        from support.pipeline_job import RUNNING_PREFIX
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """The broker against Apache Kafka's own Java client (kafka-clients 3.9.1), the reference implementation.
 
-tests/java/KafkaCheck.java is compiled once per session; each scenario runs it as a child JVM against a fresh broker
-and must print `OK <scenario>`. Java 17 comes from .ci/run (openjdk-17-jdk-headless).
+tests/support/java/KafkaCheck.java is compiled once per session; each scenario runs it as a child JVM against a
+fresh broker and must print `OK <scenario>`. Java 17 comes from .ci/run (openjdk-17-jdk-headless).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kafka_java import kafka_client_jars
 from sparkeos.broker import EmbeddedBroker
+from support.kafka_java import kafka_client_jars
 
-JAVA_SOURCES = Path(__file__).parent / "java"
+JAVA_SOURCES = Path(__file__).parents[1] / "support" / "java"
 SCENARIOS = ["produce-consume", "compression", "transactions", "fencing", "groups", "send-offsets"]
 # KafkaCheck's own watchdog ends a hung scenario first and dumps its threads; the subprocess timeout is the backstop.
 SCENARIO_TIMEOUT_S = 75

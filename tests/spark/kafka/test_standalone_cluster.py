@@ -1,7 +1,7 @@
 """The exactly-once pipeline on a real Spark standalone cluster that loses a worker mid-stream.
 
 A master and two workers (1 core each) are started from the pyspark installation (its bin/spark-class), each
-in a session of its own; the driver (tests/spark_pipeline_job.py --master spark://...) gets one executor on
+in a session of its own; the driver (tests/support/pipeline_job.py --master spark://...) gets one executor on
 each worker. While input keeps arriving, one worker is killed with SIGKILL together with its executor JVM and
 the executor's Python workers. Spark re-runs the lost tasks on the surviving executor, the query goes on, and
 an independent read_committed consumer finds every expected record exactly once and no aborted record.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_crash_support import (
+from support.crash import (
     TAG_VARIABLE,
     Driver,
     InputFeeder,
@@ -39,7 +39,7 @@ from spark_crash_support import (
     wait_until_no_tagged_processes,
     wait_until_stable,
 )
-from spark_support import create_topic, read_committed, unique, wait_for
+from support.spark import create_topic, read_committed, unique, wait_for
 
 SOURCE_PARTITIONS = 4
 SINK_PARTITIONS = 2
