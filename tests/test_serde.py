@@ -16,8 +16,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sparkeos.broker import EmbeddedBroker
 from sparkeos.serde import avro_to_spark_type, decode_confluent_avro, from_confluent_avro, to_confluent_avro
+from sparkeos.stack import LocalStack
 
 PEOPLE = {
     "type": "record",
@@ -35,8 +35,8 @@ ROWS = [(1, "Ann", "110101199003078515"), (2, None, "12345"), (3, "李雷", None
 
 @pytest.fixture
 def registry_url(tmp_path: Path) -> Iterator[str]:
-    with EmbeddedBroker(tmp_path / "broker", schema_registry_port=0) as broker:
-        yield broker.schema_registry_url
+    with LocalStack(tmp_path / "broker", schema_registry=True) as stack:
+        yield stack.schema_registry_url
 
 
 def confluent_serialize(registry_url: str, schema: dict, records: list[dict], subject_topic: str) -> list[bytes]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 
-from .broker.core import Broker, BrokerConfig
-from .broker.embedded import READY_PREFIX, REGISTRY_READY_PREFIX
-from .broker.server import BrokerServer
+from .broker.core import BrokerConfig
+from .stack import serve
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -82,33 +80,7 @@ def run_broker(args: argparse.Namespace) -> int:
         transaction_max_timeout_ms=args.transaction_max_timeout_ms,
         transactional_id_expiration_ms=args.transactional_id_expiration_ms,
     )
-    return asyncio.run(_serve(config, args.schema_registry))
-
-
-async def _serve(config: BrokerConfig, schema_registry: tuple[str, int] | None = None) -> int:
-    broker = Broker(config)
-    server = BrokerServer(broker)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    host = config.advertised_host or config.host
-    port = config.advertised_port or config.port
-    registry = None
-    if schema_registry is not None:
-        from .registry import SchemaRegistryServer
-
-        # The registry is a Kafka client of this broker; it starts off the event loop, which must keep serving it.
-        registry = SchemaRegistryServer(f"{host}:{port}", *schema_registry)
-        await loop.run_in_executor(None, registry.start)
-        print(f"{REGISTRY_READY_PREFIX}{registry.url}", flush=True)
-    print(f"{READY_PREFIX}{host}:{port}", flush=True)
-    await stop.wait()
-    if registry is not None:
-        await loop.run_in_executor(None, registry.stop)
-    await server.stop()
-    return 0
+    return asyncio.run(serve(config, args.schema_registry))
 
 
 def _add_run_parser(commands: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.producer import ProduceRequest
 
 from sparkeos.broker import EmbeddedBroker
-from sparkeos.broker.apis.registry import APIS
+from sparkeos.broker.dispatch import APIS
 from sparkeos.broker.embedded import READY_PREFIX
 from support.wire import ConnectionClosed, WireClient, build_batch, produce_request, request_frame, split_address
 

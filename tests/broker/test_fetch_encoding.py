@@ -7,7 +7,7 @@ import os
 import pytest
 from kafka.protocol.consumer import FetchResponse
 
-from sparkeos.broker.apis.fetch_response import SMALL_RECORDS, FetchedPartition, FetchResult
+from sparkeos.broker.fetch_encoding import SMALL_RECORDS, FetchedPartition, FetchResult
 
 TopicResponse = FetchResponse.FetchableTopicResponse
 PartitionData = TopicResponse.PartitionData

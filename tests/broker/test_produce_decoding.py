@@ -8,7 +8,7 @@ import struct
 import pytest
 from kafka.protocol.producer import ProduceRequest
 
-from sparkeos.broker.apis.produce_request import ProduceRequestData, decode_produce_request
+from sparkeos.broker.produce_decoding import ProduceRequestData, decode_produce_request
 from sparkeos.broker.protocol import MalformedRequest
 
 TopicData = ProduceRequest.TopicProduceData

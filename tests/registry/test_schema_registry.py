@@ -15,7 +15,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from sparkeos.broker import BrokerProcess, EmbeddedBroker
+from sparkeos.stack import LocalStack, StackProcess
 
 PERSON_V1 = {
     "type": "record",
@@ -41,18 +41,18 @@ def avro(document: dict) -> Schema:
 
 
 @pytest.fixture
-def registry_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(tmp_path / "broker", schema_registry_port=0) as running:
+def stack(tmp_path: Path) -> Iterator[LocalStack]:
+    with LocalStack(tmp_path / "broker", schema_registry=True) as running:
         yield running
 
 
 @pytest.fixture
-def client(registry_broker: EmbeddedBroker) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": registry_broker.schema_registry_url})
+def client(stack: LocalStack) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": stack.schema_registry_url})
 
 
-def http(registry_broker: EmbeddedBroker) -> httpx.Client:
-    return httpx.Client(base_url=registry_broker.schema_registry_url, headers={"Accept": CONTENT_TYPE}, timeout=30)
+def http(stack: LocalStack) -> httpx.Client:
+    return httpx.Client(base_url=stack.schema_registry_url, headers={"Accept": CONTENT_TYPE}, timeout=30)
 
 
 def error_of(response: httpx.Response) -> tuple[int, int]:
@@ -61,19 +61,19 @@ def error_of(response: httpx.Response) -> tuple[int, int]:
 
 
 def test_avro_serializer_round_trip_through_the_broker(
-    registry_broker: EmbeddedBroker, client: SchemaRegistryClient, topic_name: str
+    stack: LocalStack, client: SchemaRegistryClient, topic_name: str
 ) -> None:
     serializer = AvroSerializer(client, json.dumps(PERSON_V1))
     deserializer = AvroDeserializer(client)
     people = [{"id": i, "name": f"p{i}" if i % 3 else None, "identifyNumber": f"{i:018d}"} for i in range(20)]
-    producer = Producer({"bootstrap.servers": registry_broker.bootstrap_servers, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "enable.idempotence": True})
     for person in people:
         producer.produce(topic_name, value=serializer(person, SerializationContext(topic_name, MessageField.VALUE)))
     assert producer.flush(30) == 0
 
     consumer = Consumer(
         {
-            "bootstrap.servers": registry_broker.bootstrap_servers,
+            "bootstrap.servers": stack.bootstrap_servers,
             "group.id": topic_name,
             "auto.offset.reset": "earliest",
         }
@@ -95,12 +95,12 @@ def test_avro_serializer_round_trip_through_the_broker(
     assert {struct.unpack(">bI", value[:5]) for value in raw} == {(0, registered.schema_id)}
     context = SerializationContext(topic_name, MessageField.VALUE)
     # A fresh client so the writer schema really comes from the registry by id.
-    fresh = AvroDeserializer(SchemaRegistryClient({"url": registry_broker.schema_registry_url}))
+    fresh = AvroDeserializer(SchemaRegistryClient({"url": stack.schema_registry_url}))
     assert [fresh(value, context) for value in raw] == people
     assert [deserializer(value, context) for value in raw] == people
 
 
-def test_register_get_list_versions(registry_broker: EmbeddedBroker, client: SchemaRegistryClient) -> None:
+def test_register_get_list_versions(stack: LocalStack, client: SchemaRegistryClient) -> None:
     first = client.register_schema("people-value", avro(PERSON_V1))
     assert client.register_schema("people-value", avro(PERSON_V1)) == first  # same schema, same id
     # Key order and whitespace do not make a different schema.
@@ -124,7 +124,7 @@ def test_register_get_list_versions(registry_broker: EmbeddedBroker, client: Sch
     looked_up = client.lookup_schema("people-value", avro(PERSON_V1))
     assert (looked_up.version, looked_up.schema_id) == (1, first)
 
-    with http(registry_broker) as session:
+    with http(stack) as session:
         assert session.get(f"/schemas/ids/{first}/schema").json() == PERSON_V1
         assert session.get("/subjects/people-value/versions/latest/schema").json() == PERSON_V2_WITH_DEFAULT
         assert session.get("/subjects/people-value/versions/-1").json()["version"] == 2
@@ -146,9 +146,9 @@ def test_register_get_list_versions(registry_broker: EmbeddedBroker, client: Sch
         }
 
 
-def test_not_found_errors(registry_broker: EmbeddedBroker, client: SchemaRegistryClient) -> None:
+def test_not_found_errors(stack: LocalStack, client: SchemaRegistryClient) -> None:
     client.register_schema("people-value", avro(PERSON_V1))
-    with http(registry_broker) as session:
+    with http(stack) as session:
         assert error_of(session.get("/subjects/nobody/versions")) == (404, 40401)
         assert error_of(session.get("/subjects/nobody/versions/latest")) == (404, 40401)
         assert error_of(session.get("/subjects/people-value/versions/7")) == (404, 40402)
@@ -162,7 +162,7 @@ def test_not_found_errors(registry_broker: EmbeddedBroker, client: SchemaRegistr
 
 
 def test_backward_compatibility_rejects_a_field_without_default(
-    registry_broker: EmbeddedBroker, client: SchemaRegistryClient
+    stack: LocalStack, client: SchemaRegistryClient
 ) -> None:
     assert client.get_compatibility() == "BACKWARD"
     client.register_schema("people-value", avro(PERSON_V1))
@@ -174,7 +174,7 @@ def test_backward_compatibility_rejects_a_field_without_default(
     assert "'city'" in raised.value.error_message
     assert client.get_versions("people-value") == [1]
 
-    with http(registry_broker) as session:
+    with http(stack) as session:
         verbose = session.post(
             "/compatibility/subjects/people-value/versions/latest?verbose=true",
             json={"schema": json.dumps(PERSON_V2_WITHOUT_DEFAULT)},
@@ -221,8 +221,8 @@ def test_global_level_applies_to_subjects_without_their_own(client: SchemaRegist
         ({"schemaType": "AVRO"}, "no 'schema'"),
     ],
 )
-def test_invalid_schema_is_42201(registry_broker: EmbeddedBroker, body: dict, detail: str) -> None:
-    with http(registry_broker) as session:
+def test_invalid_schema_is_42201(stack: LocalStack, body: dict, detail: str) -> None:
+    with http(stack) as session:
         response = session.post("/subjects/bad-value/versions", json=body)
         assert error_of(response) == (422, 42201)
         assert detail in response.json()["message"]
@@ -230,7 +230,7 @@ def test_invalid_schema_is_42201(registry_broker: EmbeddedBroker, body: dict, de
 
 
 def test_registry_survives_broker_kill_9(tmp_path: Path) -> None:
-    process = BrokerProcess(tmp_path / "broker", schema_registry=True)
+    process = StackProcess(tmp_path / "broker", schema_registry=True)
     process.start()
     try:
         client = SchemaRegistryClient({"url": process.schema_registry_url})

@@ -1,7 +1,7 @@
 """The broker's state shared by every API handler: storage, coordinators, waiters, durability.
 
-Nothing here knows about sockets; `server.py` feeds decoded requests to the API modules,
-which act on a `Broker`.
+Nothing here knows about sockets; `server.py` feeds decoded requests to the API handlers in
+`apis/`, which act on a `Broker`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
+from .errors import INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE
 from .records import HEADER_SIZE, InvalidBatch, parse_header
 from .storage.log import AbortedTransaction, PartitionLog
 from .storage.topics import InvalidTopic, Topic, TopicStore, validate_topic_name
@@ -27,8 +28,6 @@ log = logging.getLogger("sparkeos.broker")
 NODE_ID = 0
 CLUSTER_ID = "sparkeos-embedded-cluster"
 HOUSEKEEPING_INTERVAL_S = 1.0
-INVALID_TXN_STATE = 48
-INVALID_PRODUCER_EPOCH = 47
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""Running the broker from Python: in a background thread, or as a separate killable process."""
+"""Running the broker from Python: in a background thread, or as a separate killable process.
+
+With the schema registry beside it, the same is `sparkeos.stack`.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,8 @@ from typing import Any
 from .core import Broker, BrokerConfig
 from .server import BrokerServer
 
+# The line `sparkeos broker` prints once it accepts connections.
 READY_PREFIX = "sparkeos broker ready bootstrap="
-# Printed before READY_PREFIX when `--schema-registry` is given.
-REGISTRY_READY_PREFIX = "sparkeos schema registry ready url="
 
 
 class EmbeddedBroker:
@@ -25,25 +27,15 @@ class EmbeddedBroker:
     >>> with EmbeddedBroker("/tmp/data") as broker:
     ...     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
 
-    With `schema_registry_port` (0 picks a free port) a schema registry stored in the `_schemas`
-    topic runs beside it, at `schema_registry_url`.
+    Port 0 picks a free port; `options` are `BrokerConfig` fields.
     """
 
-    def __init__(self, data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1",
-                 schema_registry_port: int | None = None, **options: Any) -> None:
+    def __init__(self, data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1", **options: Any) -> None:
         self.config = BrokerConfig(data_dir=Path(data_dir), host=host, port=port, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: BrokerServer | None = None
         self.broker: Broker | None = None
-        self.schema_registry_port = schema_registry_port
-        self.schema_registry: Any = None  # sparkeos.registry.SchemaRegistryServer once started
-
-    @property
-    def schema_registry_url(self) -> str:
-        if self.schema_registry is None:
-            raise RuntimeError("no schema registry: pass schema_registry_port and start the broker")
-        return self.schema_registry.url
 
     @property
     def bootstrap_servers(self) -> str:
@@ -75,25 +67,9 @@ class EmbeddedBroker:
         started.wait()
         if failure:
             raise failure[0]
-        if self.schema_registry_port is not None:
-            self._start_schema_registry()
         return self
 
-    def _start_schema_registry(self) -> None:
-        from ..registry import SchemaRegistryServer  # a client of the broker, not part of it
-
-        registry = SchemaRegistryServer(self.bootstrap_servers, self.config.host, self.schema_registry_port)
-        try:
-            registry.start()
-        except BaseException:
-            self.stop()
-            raise
-        self.schema_registry = registry
-
     def stop(self) -> None:
-        if self.schema_registry is not None:
-            self.schema_registry.stop()
-            self.schema_registry = None
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
@@ -106,11 +82,14 @@ class EmbeddedBroker:
 
 
 class BrokerProcess:
-    """`sparkeos broker` as a child process, for tests that `kill -9` it and restart it."""
+    """`sparkeos broker` as a child process, for tests that `kill -9` it and restart it.
+
+    `extra_args` are more `sparkeos broker` options. The lines the command prints before its
+    ready line (the schema registry's, see `sparkeos.stack`) are kept in `announcements`.
+    """
 
     def __init__(self, data_dir: str | os.PathLike, port: int = 0, host: str = "127.0.0.1",
-                 extra_args: list[str] | None = None, startup_timeout: float = 60.0,
-                 schema_registry: bool = False, schema_registry_port: int = 0) -> None:
+                 extra_args: list[str] | None = None, startup_timeout: float = 60.0) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
@@ -118,25 +97,20 @@ class BrokerProcess:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[str] | None = None
         self.bootstrap_servers = ""
-        self.schema_registry = schema_registry
-        self.schema_registry_port = schema_registry_port
-        self.schema_registry_url = ""
+        self.announcements: list[str] = []
 
     def start(self) -> BrokerProcess:
         command = [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(self.data_dir),
                    "--listen", f"{self.host}:{self.port}", *self.extra_args]
-        if self.schema_registry:
-            command += ["--schema-registry", f"{self.host}:{self.schema_registry_port}"]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        self.announcements = []
         line = _read_line_with_timeout(self.process, self.startup_timeout)
-        if line.startswith(REGISTRY_READY_PREFIX):
-            self.schema_registry_url = line[len(REGISTRY_READY_PREFIX):].strip()
-            # Same port after a restart, so registry clients keep working.
-            self.schema_registry_port = int(self.schema_registry_url.rsplit(":", 1)[1])
+        while line and not line.startswith(READY_PREFIX):
+            self.announcements.append(line.rstrip("\n"))
             line = _read_line_with_timeout(self.process, self.startup_timeout)
         if not line.startswith(READY_PREFIX):
             self.kill()
-            raise RuntimeError(f"broker did not start: {line!r}")
+            raise RuntimeError(f"broker did not start: {[*self.announcements, line]!r}")
         self.bootstrap_servers = line[len(READY_PREFIX):].strip()
         # Keep the port across restarts so clients can reconnect to the same address.
         self.port = int(self.bootstrap_servers.rsplit(":", 1)[1])

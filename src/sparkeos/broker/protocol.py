@@ -1,5 +1,5 @@
 """Kafka wire framing and request headers; most message bodies use kafka-python's schema codecs (Produce
-requests and Fetch responses have dedicated ones in their API modules)."""
+requests and Fetch responses have dedicated ones: `produce_decoding.py` and `fetch_encoding.py`)."""
 
 from __future__ import annotations
 

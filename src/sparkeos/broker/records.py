@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import crc32c
 
+from .errors import CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_FOR_MESSAGE_FORMAT
+
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes not counted in batchLength
 
@@ -92,12 +94,6 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
 
 def crc_of(batch: bytes | memoryview) -> int:
     return crc32c.crc32c(batch[21:])
-
-
-# Kafka's error codes for bad produce input.
-CORRUPT_MESSAGE = 2
-INVALID_RECORD = 87
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 
 
 def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memoryview]]:

@@ -19,9 +19,10 @@ import struct
 from collections import deque
 
 from . import apis  # noqa: F401  (registers every API module)
-from .apis.fetch_response import FetchResult
-from .apis.registry import APIS, RequestContext
+from .apis.api_versions import unsupported_version_response
 from .core import Broker
+from .dispatch import APIS, RequestContext
+from .fetch_encoding import FetchResult
 from .protocol import MalformedRequest, decode_generic, parse_request_header, response_header
 
 log = logging.getLogger("sparkeos.broker.server")
@@ -162,8 +163,6 @@ class Connection(asyncio.BufferedProtocol):
                                  self.peer)
         if not entry.supports(header.api_version):
             if header.api_key == API_VERSIONS_KEY:
-                from .apis.api_versions import unsupported_version_response
-
                 return asyncio.create_task(_ready(unsupported_version_response(header.correlation_id)))
             raise MalformedRequest(f"unsupported version {header.api_version} of API {header.api_key}")
         body = frame[header.body_offset :]

@@ -1,4 +1,8 @@
-"""AddOffsetsToTxn (25): the group's offsets join the producer's transaction."""
+"""AddOffsetsToTxn (25): the group's offsets join the producer's transaction.
+
+Leaves out:
+- nothing known for versions 0-3.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,12 @@ import time
 
 from kafka.protocol.producer import AddOffsetsToTxnRequest, AddOffsetsToTxnResponse
 
-from ..coordinator.transactions import TransactionError
-from .init_producer_id import fenced_error
-from .registry import api
+from ..coordinator.transactions import TransactionError, fenced_error
+from ..dispatch import api
 
 
 @api(AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_add_offsets_to_txn(broker, context, request):
     await broker.transactions.wait_completed(request.transactional_id)
     try:
         broker.transactions.add_offsets(request.transactional_id, request.producer_id, request.producer_epoch,

@@ -1,4 +1,12 @@
-"""AddPartitionsToTxn (24), client versions 0-3: partitions join the producer's transaction."""
+"""AddPartitionsToTxn (24): partitions join the producer's transaction.
+
+The answer comes before the coordinator's record of it is fsynced: a restart aborts
+transactional records that no open transaction lists, and fences their producer.
+
+Leaves out:
+- the batched form of v4 and later, in which brokers verify transactions for each other (KIP-890):
+  only the client form of versions 0-3 is offered.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +14,15 @@ import time
 
 from kafka.protocol.producer import AddPartitionsToTxnRequest, AddPartitionsToTxnResponse
 
-from .init_producer_id import fenced_error
-from .registry import api
+from ..coordinator.transactions import fenced_error
+from ..dispatch import api
 
 TopicResult = AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
 PartitionResult = TopicResult.AddPartitionsToTxnPartitionResult
 
 
 @api(AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_add_partitions_to_txn(broker, context, request):
     wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
     await broker.transactions.wait_completed(request.v3_and_below_transactional_id)
     errors = broker.transactions.add_partitions(

@@ -1,4 +1,9 @@
-"""ApiVersions (18): the broker's exact API ranges, and the UNSUPPORTED_VERSION fallback."""
+"""ApiVersions (18): the broker's exact API ranges, and the UNSUPPORTED_VERSION fallback.
+
+Leaves out:
+- `client_software_name` and `client_software_version`, which Kafka keeps for its metrics;
+- feature flags: no `supported_features` or `finalized_features` are sent.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,8 @@ import struct
 
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
-from .registry import APIS, api
-
-UNSUPPORTED_VERSION = 35
+from ..dispatch import APIS, api
+from ..errors import UNSUPPORTED_VERSION
 
 
 def _api_keys() -> list:
@@ -26,5 +30,5 @@ def unsupported_version_response(correlation_id: int) -> bytes:
 
 
 @api(ApiVersionsRequest, ApiVersionsResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_api_versions(broker, context, request):
     return ApiVersionsResponse(error_code=0, api_keys=_api_keys(), throttle_time_ms=0)

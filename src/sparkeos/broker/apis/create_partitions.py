@@ -1,4 +1,8 @@
-"""CreatePartitions (37): grow a topic's partition count (never shrink it)."""
+"""CreatePartitions (37): grow a topic's partition count (never shrink it).
+
+Leaves out:
+- `timeout_ms`: the partitions exist before the answer is sent.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,18 @@ import logging
 
 from kafka.protocol.admin import CreatePartitionsRequest, CreatePartitionsResponse
 
-from .create_topics import (
+from ..admin import AdminError, validate_assignment
+from ..dispatch import api
+from ..errors import (
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REQUEST,
     UNKNOWN_SERVER_ERROR,
-    AdminError,
-    validate_assignment,
+    UNKNOWN_TOPIC_OR_PARTITION,
 )
-from .registry import api
 
 log = logging.getLogger("sparkeos.broker.admin")
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
 EXISTING_REPLICATION_FACTOR = 1
 
 Result = CreatePartitionsResponse.CreatePartitionsTopicResult
@@ -45,7 +48,7 @@ def check_increase(broker, wanted) -> None:
 
 
 @api(CreatePartitionsRequest, CreatePartitionsResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_create_partitions(broker, context, request):
     names = [t.name for t in request.topics]
     results = []
     for wanted in request.topics:

@@ -2,6 +2,10 @@
 
 Everything a request asks for is checked before anything is created, so `validate_only`
 answers exactly what a real creation would.
+
+Leaves out:
+- `timeout_ms`: the topic exists before the answer is sent;
+- topic configs other than the ten the broker knows (docs/broker.md), refused with INVALID_CONFIG.
 """
 
 from __future__ import annotations
@@ -11,49 +15,26 @@ import uuid
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 
-from ..core import NODE_ID
+from ..admin import AdminError, topic_config_entries, validate_assignment
+from ..dispatch import api
+from ..errors import (
+    INVALID_CONFIG,
+    INVALID_PARTITIONS,
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REPLICATION_FACTOR,
+    INVALID_REQUEST,
+    TOPIC_ALREADY_EXISTS,
+    UNKNOWN_SERVER_ERROR,
+)
 from ..storage.topics import InvalidConfig, InvalidTopic, validate_configs, validate_topic_name
-from .describe_configs import topic_config_entries
-from .registry import api
 
 log = logging.getLogger("sparkeos.broker.admin")
 
-UNKNOWN_SERVER_ERROR = -1
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_REPLICA_ASSIGNMENT = 39
-INVALID_CONFIG = 40
-INVALID_REQUEST = 42
 ZERO_UUID = uuid.UUID(int=0)
 BROKER_COUNT = 1
 
 Result = CreateTopicsResponse.CreatableTopicResult
 ResultConfig = Result.CreatableTopicConfigs
-
-
-class AdminError(Exception):
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-
-
-def validate_assignment(broker_ids: list[int], replication_factor: int | None) -> int:
-    """One partition's manual replica list; returns its replication factor."""
-    if not broker_ids:
-        raise AdminError(INVALID_REPLICA_ASSIGNMENT, "The manual partition assignment includes an empty replica list.")
-    if len(set(broker_ids)) != len(broker_ids):
-        raise AdminError(INVALID_REPLICA_ASSIGNMENT, "The manual partition assignment includes duplicate replicas.")
-    for broker_id in broker_ids:
-        if broker_id != NODE_ID:
-            raise AdminError(INVALID_REPLICA_ASSIGNMENT, f"The manual partition assignment includes broker "
-                                                         f"{broker_id}, but no such broker is registered.")
-    if replication_factor is not None and len(broker_ids) != replication_factor:
-        raise AdminError(INVALID_REPLICA_ASSIGNMENT,
-                         f"The manual partition assignment includes a partition with {len(broker_ids)} replica(s), "
-                         f"but this is inconsistent with previous partitions, which have {replication_factor} "
-                         f"replica(s).")
-    return len(broker_ids)
 
 
 def check_replication_factor(replication_factor: int) -> None:
@@ -123,7 +104,7 @@ def _error(name: str, code: int, message: str | None) -> Result:
 
 
 @api(CreateTopicsRequest, CreateTopicsResponse, 0, 7)
-async def handle(broker, context, request):
+async def handle_create_topics(broker, context, request):
     validate_only = context.version >= 1 and request.validate_only
     counts: dict[str, int] = {}
     for wanted in request.topics:

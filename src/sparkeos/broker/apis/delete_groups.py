@@ -1,16 +1,20 @@
-"""DeleteGroups (42): remove empty groups and their committed offsets (admin tools, lag-tool clean-up)."""
+"""DeleteGroups (42): remove empty groups and their committed offsets (admin tools, lag-tool clean-up).
+
+Leaves out:
+- INVALID_GROUP_ID for an empty group id: it is answered like any other group id.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
 
-from .registry import api
+from ..dispatch import api
 
 Result = DeleteGroupsResponse.DeletableGroupResult
 
 
 @api(DeleteGroupsRequest, DeleteGroupsResponse, 0, 2)
-async def handle(broker, context, request):
+async def handle_delete_groups(broker, context, request):
     return DeleteGroupsResponse(
         throttle_time_ms=0,
         results=[Result(group_id=group_id, error_code=broker.groups.delete_group(group_id))

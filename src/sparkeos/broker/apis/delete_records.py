@@ -1,4 +1,8 @@
-"""DeleteRecords (21): advance partitions' log start offsets (offset -1 means the high watermark)."""
+"""DeleteRecords (21): advance partitions' log start offsets (offset -1 means the high watermark).
+
+Leaves out:
+- `timeout_ms`: the log start offsets have moved before the answer is sent.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,11 @@ import logging
 
 from kafka.protocol.admin import DeleteRecordsRequest, DeleteRecordsResponse
 
+from ..dispatch import api
+from ..errors import UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION
 from ..storage.log import OffsetOutOfRange
-from .registry import api
 
 log = logging.getLogger("sparkeos.broker.admin")
-
-UNKNOWN_SERVER_ERROR = -1
-UNKNOWN_TOPIC_OR_PARTITION = 3
 
 TopicResult = DeleteRecordsResponse.DeleteRecordsTopicResult
 PartitionResult = TopicResult.DeleteRecordsPartitionResult
@@ -34,7 +36,7 @@ def _delete(broker, topic: str, wanted) -> PartitionResult:
 
 
 @api(DeleteRecordsRequest, DeleteRecordsResponse, 0, 2)
-async def handle(broker, context, request):
+async def handle_delete_records(broker, context, request):
     topics = [
         TopicResult(name=topic.name, partitions=[_delete(broker, topic.name, p) for p in topic.partitions])
         for topic in request.topics

@@ -1,4 +1,8 @@
-"""DeleteTopics (20): by name, or (v6+) by topic id."""
+"""DeleteTopics (20): by name, or (v6+) by topic id.
+
+Leaves out:
+- `timeout_ms`: the topic is gone before the answer is sent.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,18 @@ import uuid
 
 from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
 
-from .registry import api
+from ..dispatch import api
+from ..errors import INVALID_REQUEST, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
 
 log = logging.getLogger("sparkeos.broker.admin")
 
-UNKNOWN_SERVER_ERROR = -1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_REQUEST = 42
-UNKNOWN_TOPIC_ID = 100
 ZERO_UUID = uuid.UUID(int=0)
 
 Result = DeleteTopicsResponse.DeletableTopicResult
 
 
 @api(DeleteTopicsRequest, DeleteTopicsResponse, 0, 6)
-async def handle(broker, context, request):
+async def handle_delete_topics(broker, context, request):
     if context.version >= 6:
         wanted = [(t.name, t.topic_id or ZERO_UUID) for t in request.topics]
     else:

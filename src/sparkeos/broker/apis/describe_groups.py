@@ -1,10 +1,14 @@
-"""DescribeGroups (15): state, protocol and members (with assignments once Stable)."""
+"""DescribeGroups (15): state, protocol and members (with assignments once Stable).
+
+Leaves out:
+- ACLs: authorized operations (v3+) report every operation Kafka defines on a group as allowed.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.admin import DescribeGroupsRequest, DescribeGroupsResponse
 
-from .registry import api
+from ..dispatch import api
 
 Group_ = DescribeGroupsResponse.DescribedGroup
 Member_ = Group_.DescribedGroupMember
@@ -15,7 +19,7 @@ GROUP_OPERATIONS = {3, 6, 8}
 
 
 @api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5)
-async def handle(broker, context, request):
+async def handle_describe_groups(broker, context, request):
     include_operations = context.version >= 3 and request.include_authorized_operations
     groups = []
     for group_id in request.groups:

@@ -1,4 +1,8 @@
-"""EndTxn (26): commit or abort; the decision is durable and markers written before the answer."""
+"""EndTxn (26): commit or abort; the decision is durable and markers written before the answer.
+
+Leaves out:
+- nothing known for versions 0-3.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,12 @@ import time
 
 from kafka.protocol.producer import EndTxnRequest, EndTxnResponse
 
-from ..coordinator.transactions import TransactionError
-from .init_producer_id import fenced_error
-from .registry import api
+from ..coordinator.transactions import TransactionError, fenced_error
+from ..dispatch import api
 
 
 @api(EndTxnRequest, EndTxnResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_end_txn(broker, context, request):
     await broker.transactions.wait_completed(request.transactional_id)
     try:
         broker.transactions.end_transaction_in_background(

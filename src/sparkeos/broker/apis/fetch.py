@@ -1,4 +1,14 @@
-"""Fetch (1): long-poll reads of whole stored batches within the request's byte limits."""
+"""Fetch (1): long-poll reads of whole stored batches within the request's byte limits.
+
+Leaves out:
+- incremental fetch sessions (KIP-227): none is ever opened (the answer's session id is 0), a request
+  naming one is answered FETCH_SESSION_ID_NOT_FOUND, so clients keep to full fetches, and
+  `forgotten_topics_data` goes unused;
+- what only followers and racks use: `replica_id`, `rack_id`, a follower's `log_start_offset`, and a
+  preferred read replica (always -1);
+- log divergence checks: `last_fetched_epoch` is not compared and no `diverging_epoch` is sent, since
+  the one leader epoch never changes.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +16,17 @@ import asyncio
 
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 
+from ..dispatch import api
+from ..errors import FETCH_SESSION_ID_NOT_FOUND, UNKNOWN_TOPIC_OR_PARTITION
+from ..fetch_encoding import FetchedPartition, FetchResult
+from ..leader_epoch import leader_epoch_error
 from ..storage.log import OffsetOutOfRange
-from .fetch_response import FetchedPartition, FetchResult
-from .leader_epoch import leader_epoch_error
-from .registry import api
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-FETCH_SESSION_ID_NOT_FOUND = 70
 READ_COMMITTED = 1
 
 
 @api(FetchRequest, FetchResponse, 4, 12)
-async def handle(broker, context, request):
+async def handle_fetch(broker, context, request):
     if context.version >= 7 and request.session_id != 0:
         # We keep no incremental fetch sessions; the client falls back to full fetches.
         return FetchResult(topics=[], error_code=FETCH_SESSION_ID_NOT_FOUND)

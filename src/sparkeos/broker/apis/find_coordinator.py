@@ -1,21 +1,25 @@
-"""FindCoordinator (10): this broker coordinates every group and every transactional id."""
+"""FindCoordinator (10): this broker coordinates every group and every transactional id.
+
+Leaves out:
+- nothing known for versions 0-4.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
 
 from ..core import NODE_ID
-from .registry import api
+from ..dispatch import api
+from ..errors import INVALID_REQUEST
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-INVALID_REQUEST = 42
 
 SUPPORTED_KEY_TYPES = {GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE}
 
 
 @api(FindCoordinatorRequest, FindCoordinatorResponse, 0, 4)
-async def handle(broker, context, request):
+async def handle_find_coordinator(broker, context, request):
     key_type = request.key_type if context.version >= 1 else GROUP_KEY_TYPE
     if key_type in SUPPORTED_KEY_TYPES:
         error, message = 0, None

@@ -1,14 +1,18 @@
-"""Heartbeat (12): keeps a member's session alive and tells it when to rejoin."""
+"""Heartbeat (12): keeps a member's session alive and tells it when to rejoin.
+
+Leaves out:
+- nothing known for versions 0-4.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
 
-from .registry import api
+from ..dispatch import api
 
 
 @api(HeartbeatRequest, HeartbeatResponse, 0, 4)
-async def handle(broker, context, request):
+async def handle_heartbeat(broker, context, request):
     error = broker.groups.heartbeat(
         request.group_id,
         request.generation_id,

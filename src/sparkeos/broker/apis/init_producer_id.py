@@ -1,5 +1,9 @@
 """InitProducerId (22): a fresh producer id for idempotent producers; for a transactional.id,
-the transaction coordinator's id and a bumped epoch that fences any older producer."""
+the transaction coordinator's id and a bumped epoch that fences any older producer.
+
+Leaves out:
+- nothing known for versions 0-4.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,12 @@ import time
 
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
 
-from ..coordinator.transactions import INVALID_PRODUCER_EPOCH, PRODUCER_FENCED, TransactionError
-from .registry import api
-
-
-def fenced_error(version: int, first_version_with_fenced: int) -> int:
-    """Older clients do not know PRODUCER_FENCED and get INVALID_PRODUCER_EPOCH instead."""
-    return PRODUCER_FENCED if version >= first_version_with_fenced else INVALID_PRODUCER_EPOCH
+from ..coordinator.transactions import TransactionError, fenced_error
+from ..dispatch import api
 
 
 @api(InitProducerIdRequest, InitProducerIdResponse, 0, 4)
-async def handle(broker, context, request):
+async def handle_init_producer_id(broker, context, request):
     if request.transactional_id is None:
         return InitProducerIdResponse(throttle_time_ms=0, error_code=0, producer_id=broker.producer_ids.next_id(),
                                       producer_epoch=0)

@@ -1,10 +1,16 @@
-"""JoinGroup (11): enter a group's next generation; parked until the rebalance completes."""
+"""JoinGroup (11): enter a group's next generation; parked until the rebalance completes.
+
+Leaves out:
+- `group.max.size`: GROUP_MAX_SIZE_REACHED is never answered;
+- `skip_assignment` (v9, KIP-814), which spares a rejoining static leader a new assignment: always false;
+- the `reason` a member gives (v8+), which Kafka only logs.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import JoinGroupRequest, JoinGroupResponse
 
-from .registry import api
+from ..dispatch import api
 
 Member_ = JoinGroupResponse.JoinGroupResponseMember
 
@@ -15,7 +21,7 @@ def client_host(peer: str) -> str:
 
 
 @api(JoinGroupRequest, JoinGroupResponse, 0, 9)
-async def handle(broker, context, request):
+async def handle_join_group(broker, context, request):
     version = context.version
     result = await broker.groups.join_group(
         group_id=request.group_id,

@@ -1,16 +1,20 @@
-"""LeaveGroup (13): members leave at once instead of waiting for their sessions to expire."""
+"""LeaveGroup (13): members leave at once instead of waiting for their sessions to expire.
+
+Leaves out:
+- the `reason` a member gives (v5), which Kafka only logs.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import LeaveGroupRequest, LeaveGroupResponse
 
-from .registry import api
+from ..dispatch import api
 
 MemberResponse_ = LeaveGroupResponse.MemberResponse
 
 
 @api(LeaveGroupRequest, LeaveGroupResponse, 0, 5)
-async def handle(broker, context, request):
+async def handle_leave_group(broker, context, request):
     if context.version >= 3:
         leaving = [(m.member_id or "", m.group_instance_id) for m in request.members]
     else:

@@ -1,16 +1,20 @@
-"""ListGroups (16): every group this coordinator knows, optionally filtered by state (v4)."""
+"""ListGroups (16): every group this coordinator knows, optionally filtered by state (v4).
+
+Leaves out:
+- nothing known for versions 0-4.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.admin import ListGroupsRequest, ListGroupsResponse
 
-from .registry import api
+from ..dispatch import api
 
 Listed_ = ListGroupsResponse.ListedGroup
 
 
 @api(ListGroupsRequest, ListGroupsResponse, 0, 4)
-async def handle(broker, context, request):
+async def handle_list_groups(broker, context, request):
     states = list(request.states_filter) if context.version >= 4 and request.states_filter else None
     return ListGroupsResponse(
         throttle_time_ms=0,

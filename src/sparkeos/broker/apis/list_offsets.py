@@ -1,13 +1,17 @@
-"""ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), or by timestamp."""
+"""ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), or by timestamp.
+
+Leaves out:
+- `replica_id`: there are no followers.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
 
-from .leader_epoch import LEADER_EPOCH, leader_epoch_error
-from .registry import api
+from ..dispatch import api
+from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..leader_epoch import LEADER_EPOCH, leader_epoch_error
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
 LATEST = -1
 EARLIEST = -2
 MAX_TIMESTAMP = -3
@@ -18,7 +22,7 @@ PartitionResponse = TopicResponse.ListOffsetsPartitionResponse
 
 
 @api(ListOffsetsRequest, ListOffsetsResponse, 1, 7)
-async def handle(broker, context, request):
+async def handle_list_offsets(broker, context, request):
     read_committed = context.version >= 2 and request.isolation_level == READ_COMMITTED
     topics = []
     for topic in request.topics:

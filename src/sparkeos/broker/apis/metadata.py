@@ -1,15 +1,20 @@
-"""Metadata (3): one broker, every partition led by it; unknown topics auto-created if allowed."""
+"""Metadata (3): one broker, every partition led by it; unknown topics auto-created if allowed.
+
+Leaves out:
+- ACLs: authorized operations (`include_topic_authorized_operations` and, v8-v10,
+  `include_cluster_authorized_operations`) are never reported;
+- racks: the broker's rack is null.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from ..core import CLUSTER_ID, NODE_ID
+from ..dispatch import api
+from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..leader_epoch import LEADER_EPOCH
 from ..storage.topics import InvalidTopic, Topic
-from .registry import api
-
-UNKNOWN_TOPIC_OR_PARTITION = 3
-LEADER_EPOCH = 0
 
 Broker_ = MetadataResponse.MetadataResponseBroker
 Topic_ = MetadataResponse.MetadataResponseTopic
@@ -38,7 +43,7 @@ def _describe(topic: Topic) -> Topic_:
 
 
 @api(MetadataRequest, MetadataResponse, 0, 12)
-async def handle(broker, context, request):
+async def handle_metadata(broker, context, request):
     topics: list[Topic_] = []
     if request.topics is None or (context.version == 0 and not request.topics):
         topics = [_describe(t) for t in broker.store.topics.values()]

@@ -1,19 +1,23 @@
-"""OffsetCommit (8): durable committed offsets, checked against the committer's membership."""
+"""OffsetCommit (8): durable committed offsets, checked against the committer's membership.
+
+Leaves out:
+- the retention time of v2-v4 (`retention_time_ms`): as in Kafka 2.1 and later, the broker-wide
+  `offsets.retention.minutes` applies instead.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import OffsetCommitRequest, OffsetCommitResponse
 
-from .offset_requests import answer_topics, read_offsets
-from .registry import api
+from ..dispatch import api
+from ..offset_commits import answer_topics, read_offsets
 
 Topic_ = OffsetCommitResponse.OffsetCommitResponseTopic
 Partition_ = Topic_.OffsetCommitResponsePartition
 
 
-# v2-v4 carry a retention time; like Kafka 2.1+ the broker-wide retention applies instead.
 @api(OffsetCommitRequest, OffsetCommitResponse, 2, 8)
-async def handle(broker, context, request):
+async def handle_offset_commit(broker, context, request):
     version = context.version
     offsets, errors = read_offsets(broker, request.topics, with_leader_epoch=version >= 6)
     group_error = await broker.groups.commit_member_offsets(

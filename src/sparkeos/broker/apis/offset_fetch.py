@@ -1,10 +1,14 @@
-"""OffsetFetch (9): committed offsets of one group (v0-7) or several (v8); -1 when none."""
+"""OffsetFetch (9): committed offsets of one group (v1-7) or several (v8); -1 when none.
+
+Leaves out:
+- nothing known for versions 1-8.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import OffsetFetchRequest, OffsetFetchResponse
 
-from .registry import api
+from ..dispatch import api
 
 Topic_ = OffsetFetchResponse.OffsetFetchResponseTopic
 Partition_ = Topic_.OffsetFetchResponsePartition
@@ -22,7 +26,7 @@ def _fetch(broker, group_id: str, topics, require_stable: bool) -> dict[str, lis
 
 
 @api(OffsetFetchRequest, OffsetFetchResponse, 1, 8)
-async def handle(broker, context, request):
+async def handle_offset_fetch(broker, context, request):
     version = context.version
     require_stable = version >= 7 and request.require_stable
     if version >= 8:

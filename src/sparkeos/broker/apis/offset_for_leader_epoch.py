@@ -1,20 +1,23 @@
-"""OffsetForLeaderEpoch (23): clients validate their position after metadata changes."""
+"""OffsetForLeaderEpoch (23): clients validate their position after metadata changes.
+
+Leaves out:
+- `replica_id` (v3+): there are no followers.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
 
-from .leader_epoch import LEADER_EPOCH, leader_epoch_error
-from .registry import api
-
-UNKNOWN_TOPIC_OR_PARTITION = 3
+from ..dispatch import api
+from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..leader_epoch import LEADER_EPOCH, leader_epoch_error
 
 TopicResult = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult
 EpochEndOffset = TopicResult.EpochEndOffset
 
 
 @api(OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, 2, 4)
-async def handle(broker, context, request):
+async def handle_offset_for_leader_epoch(broker, context, request):
     topics = []
     for topic in request.topics:
         results = []

@@ -1,4 +1,12 @@
-"""Produce (0): validate batches, check producer sequences, append, and acknowledge per acks."""
+"""Produce (0): validate batches, check producer sequences, append, and acknowledge per acks.
+
+Leaves out:
+- message formats v0 and v1 (magic 0 and 1), the only ones clients of Produce v0-v2 send: every
+  partition must hold exactly one magic-2 batch;
+- `timeout_ms`: with one replica there is nothing to wait for but the fsync of acks=-1;
+- per-record errors (`record_errors`, v8+): a refused batch gets one error for its partition;
+- recompression: batches are stored as received, so a topic's `compression.type` can only be `producer`.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +14,23 @@ import logging
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from ..dispatch import api
+from ..errors import (
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    INVALID_REQUIRED_ACKS,
+    KAFKA_STORAGE_ERROR,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from ..produce_decoding import MIN_VERSION as FIRST_DEDICATED_VERSION
+from ..produce_decoding import decode_produce_request
 from ..protocol import decode_generic
 from ..records import InvalidBatch
 from ..storage.producer_state import SequenceError
 from ..storage.topics import InvalidTopic
-from .produce_request import MIN_VERSION as FIRST_DEDICATED_VERSION
-from .produce_request import decode_produce_request
-from .registry import api
 
 log = logging.getLogger("sparkeos.broker.produce")
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_REQUIRED_ACKS = 21
-KAFKA_STORAGE_ERROR = 56
-CORRUPT_MESSAGE = 2
-INVALID_RECORD = 87
 LOG_OVERHEAD = 12
 HEADER_SIZE_UP_TO_MAGIC = 17
 RECORD_OVERHEAD_V0 = 14
@@ -41,7 +51,7 @@ def decode_request(body: memoryview, version: int):
 
 
 @api(ProduceRequest, ProduceResponse, 0, 9, decode=decode_request)
-async def handle(broker, context, request):
+async def handle_produce(broker, context, request):
     acks = request.acks
     results: list[TopicResponse] = []
     touched = []

@@ -1,14 +1,18 @@
-"""SyncGroup (14): the leader hands in assignments; every member waits for its own."""
+"""SyncGroup (14): the leader hands in assignments; every member waits for its own.
+
+Leaves out:
+- nothing known for versions 0-5.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.consumer import SyncGroupRequest, SyncGroupResponse
 
-from .registry import api
+from ..dispatch import api
 
 
 @api(SyncGroupRequest, SyncGroupResponse, 0, 5)
-async def handle(broker, context, request):
+async def handle_sync_group(broker, context, request):
     version = context.version
     result = await broker.groups.sync_group(
         group_id=request.group_id,

@@ -1,19 +1,24 @@
-"""TxnOffsetCommit (28): offsets staged in the transaction, published only when it commits."""
+"""TxnOffsetCommit (28): offsets staged in the transaction, published only when it commits.
+
+Leaves out:
+- nothing known for versions 0-3.
+"""
 
 from __future__ import annotations
 
 from kafka.protocol.producer import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 
-from ..coordinator.transactions import INVALID_PRODUCER_EPOCH, TransactionError
-from .offset_requests import answer_topics, read_offsets
-from .registry import api
+from ..coordinator.transactions import TransactionError
+from ..dispatch import api
+from ..errors import INVALID_PRODUCER_EPOCH
+from ..offset_commits import answer_topics, read_offsets
 
 Topic_ = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
 Partition_ = Topic_.TxnOffsetCommitResponsePartition
 
 
 @api(TxnOffsetCommitRequest, TxnOffsetCommitResponse, 0, 3)
-async def handle(broker, context, request):
+async def handle_txn_offset_commit(broker, context, request):
     version = context.version
     await broker.transactions.wait_completed(request.transactional_id)
     offsets, errors = read_offsets(broker, request.topics, with_leader_epoch=version >= 2)

@@ -22,22 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import (
+    CONCURRENT_TRANSACTIONS,
+    INVALID_PRODUCER_EPOCH,
+    INVALID_PRODUCER_ID_MAPPING,
+    INVALID_REQUEST,
+    INVALID_TRANSACTION_TIMEOUT,
+    INVALID_TXN_STATE,
+    NONE,
+    OPERATION_NOT_ATTEMPTED,
+    PRODUCER_FENCED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from ..storage.journal import Journal
 from .producer_ids import ProducerIdManager
 
 log = logging.getLogger("sparkeos.broker.transactions")
-
-# Kafka error codes used by the coordinator.
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_PRODUCER_EPOCH = 47
-INVALID_TXN_STATE = 48
-INVALID_PRODUCER_ID_MAPPING = 49
-INVALID_TRANSACTION_TIMEOUT = 50
-CONCURRENT_TRANSACTIONS = 51
-INVALID_REQUEST = 42
-OPERATION_NOT_ATTEMPTED = 55
-PRODUCER_FENCED = 90
 
 MAX_EPOCH = 32767 - 1  # Short.MaxValue - 1: the last epoch Kafka hands out before a new id
 
@@ -72,6 +72,12 @@ class TransactionError(Exception):
     def __init__(self, error_code: int, message: str) -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+def fenced_error(version: int, first_version_with_fenced: int) -> int:
+    """The error a fenced producer gets from an API at `version`: older clients do not know
+    PRODUCER_FENCED (KIP-588) and get INVALID_PRODUCER_EPOCH instead."""
+    return PRODUCER_FENCED if version >= first_version_with_fenced else INVALID_PRODUCER_EPOCH
 
 
 @dataclass

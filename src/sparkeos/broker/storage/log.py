@@ -14,11 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import INVALID_RECORD, MESSAGE_TOO_LARGE, OFFSET_OUT_OF_RANGE
+from ..leader_epoch import LEADER_EPOCH
 from ..records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
     HEADER_SIZE,
-    INVALID_RECORD,
     BatchHeader,
     InvalidBatch,
     build_control_batch,
@@ -31,14 +32,11 @@ from .journal import Journal
 from .producer_state import ProducerStateTable
 from .segment import Segment, segment_path
 
-LEADER_EPOCH = 0
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 3
 ABORTED_INDEX_FILE = "aborted-transactions.journal"
-
-OFFSET_OUT_OF_RANGE = 1
 
 
 @dataclass(slots=True)
@@ -219,7 +217,7 @@ class PartitionLog:
     def append(self, records: bytes | memoryview, now_ms: int | None = None) -> AppendResult:
         """Validate and append a produce request's records for this partition."""
         if len(records) > self.config.max_message_bytes + 12 * 1024:
-            raise InvalidBatch(10, "record batch is larger than max.message.bytes")
+            raise InvalidBatch(MESSAGE_TOO_LARGE, "record batch is larger than max.message.bytes")
         batches = split_batches(records)
         if len(batches) != 1:
             raise InvalidBatch(INVALID_RECORD, "a produce request must hold exactly one record batch per partition")
@@ -231,7 +229,7 @@ class PartitionLog:
                 return AppendResult(duplicate_offset, duplicate_offset + first.last_offset_delta, -1, True, [])
         for header, _ in batches:
             if header.batch_length + 12 > self.config.max_message_bytes:
-                raise InvalidBatch(10, "record batch is larger than max.message.bytes")
+                raise InvalidBatch(MESSAGE_TOO_LARGE, "record batch is larger than max.message.bytes")
         append_time = now_ms if self.config.log_append_time else None
         return self.append_batches([b for _, b in batches], append_time, now_ms)
 

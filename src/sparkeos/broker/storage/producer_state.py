@@ -13,13 +13,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER
 from ..records import BatchHeader
 
 BATCHES_KEPT = 5
 SEQUENCE_MODULUS = 2**31
-
-INVALID_PRODUCER_EPOCH = 47
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 
 
 class SequenceError(Exception):

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import INVALID_CONFIG, INVALID_TOPIC_EXCEPTION
 from .files import fsync_directory
 from .log import LogConfig, PartitionLog
 
@@ -37,11 +38,11 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 
 
 class InvalidTopic(Exception):
-    error_code = 17
+    error_code = INVALID_TOPIC_EXCEPTION
 
 
 class InvalidConfig(Exception):
-    error_code = 40
+    error_code = INVALID_CONFIG
 
 
 def validate_topic_name(name: str | None) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from .errors import FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH
+
 LEADER_EPOCH = 0
-FENCED_LEADER_EPOCH = 74
-UNKNOWN_LEADER_EPOCH = 76
 
 
 def leader_epoch_error(current_leader_epoch: int | None) -> int:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ..coordinator.groups import OFFSET_METADATA_MAX_BYTES, OFFSET_METADATA_TOO_LARGE
-
-UNKNOWN_TOPIC_OR_PARTITION = 3
+from .coordinator.groups import OFFSET_METADATA_MAX_BYTES
+from .errors import OFFSET_METADATA_TOO_LARGE, UNKNOWN_TOPIC_OR_PARTITION
 
 TopicPartition = tuple[str, int]
 Offsets = dict[TopicPartition, tuple[int, str | None, int]]

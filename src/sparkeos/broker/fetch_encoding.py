@@ -5,7 +5,7 @@ the server then copied the body once more to put the frame header in front. Reco
 all of a Fetch response, so this encoder returns the body as a list of buffers instead: the
 small fields packed together, and each partition's records as the very buffer storage handed
 over (a memoryview of one read from the segment file). The server writes them to the socket one
-after the other without joining them. tests/test_fetch_encoding.py checks the bytes against
+after the other without joining them. tests/broker/test_fetch_encoding.py checks the bytes against
 kafka-python's encoder for every version.
 """
 

@@ -6,7 +6,7 @@ memoryview slices of the body it is given instead: the broker stamps offsets int
 place and writes it to the log from there, and the records are never copied on the way. Kafka
 closes the connection on a request it cannot read, so any malformed body raises MalformedRequest
 naming the field rather than letting an IndexError or struct.error escape.
-tests/test_produce_decoding.py checks the result against kafka-python's decoder for every version.
+tests/broker/test_produce_decoding.py checks the result against kafka-python's decoder for every version.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..protocol import MalformedRequest, read_unsigned_varint
+from .protocol import MalformedRequest, read_unsigned_varint
 
 MIN_VERSION = 3
 FIRST_FLEXIBLE_VERSION = 9

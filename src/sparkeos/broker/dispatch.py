@@ -1,4 +1,7 @@
-"""The table of Kafka APIs the broker implements: one module per API registers itself here."""
+"""The table of Kafka APIs the broker implements, which the server dispatches requests by.
+
+Each module of `apis/` registers its handler here with `@api`; importing `sparkeos.broker.apis` registers them all.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..core import Broker
+    from .core import Broker
 
 
 @dataclass(slots=True)
