@@ -7,7 +7,8 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from sparkeos.spark.clients import CONSUMER_TIMEOUT_ENV, ClientCache
+from sparkeos.spark.client_cache import ClientCache
+from sparkeos.spark.kafka.options import CONSUMER_TIMEOUT_ENV
 
 
 def is_closed(consumer: Consumer) -> bool:

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..spark.kafka.options import STARTING_OPTIONS, STREAM_ONLY_SOURCE_OPTIONS
 from .spec import JobSpec, seconds_text
 
 EVENT_TIME = "event_time"
 
-STREAM_ONLY_OPTIONS = {"maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "startingoffsets",
-                       "startingtimestamp", "startingoffsetsbytimestamp", "commitoffsetstogroup"}
+# The audit reads the whole topic as a batch: the stream's trigger limits, its start (the audit starts at earliest)
+# and its reports to a consumer group do not apply.
+LEFT_OUT_OF_BATCH_READS = {name.lower() for name in (*STREAM_ONLY_SOURCE_OPTIONS, *STARTING_OPTIONS,
+                                                     "commitOffsetsToGroup")}
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 
 
@@ -33,7 +36,7 @@ class JobFrames:
 def read_source(spark: SparkSession, spec: JobSpec, batch: bool, topic: str | None = None) -> DataFrame:
     options = dict(spec.source)
     if batch:
-        options = {k: v for k, v in options.items() if k.lower() not in STREAM_ONLY_OPTIONS}
+        options = {k: v for k, v in options.items() if k.lower() not in LEFT_OUT_OF_BATCH_READS}
         options["startingOffsets"] = "earliest"
     if topic is not None:
         for key in [k for k in options if k.lower() in ("subscribe", "subscribepattern", "assign")]:

@@ -42,16 +42,13 @@ from typing import Any
 
 import yaml
 
-from ..spark.options import OptionError, parse_sink_options, parse_source_options
+from ..spark.kafka.options import parse_sink_options, parse_source_options
+from ..spark.options import OptionError, duration_s
 
 FORMATS = ("string", "json", "avro")
 FILE_SINKS = ("parquet", "json", "csv", "orc")
 POLICIES = ("fail", "skip", "dead-letter")
 WINDOW_TIMES = ("processing", "event")
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?)\s*$", re.I)
-_UNIT_S = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "second": 1, "seconds": 1,
-           "m": 60, "min": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600}
 
 
 class JobError(ValueError):
@@ -177,10 +174,11 @@ class _Fields:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             seconds = float(value)
         else:
-            match = _DURATION.match(str(value))
-            if not match:
+            # A number without a unit is in seconds here, as a YAML number is.
+            parsed = duration_s(str(value), default_unit="s")
+            if parsed is None:
                 raise self.fail(path, f"must be a duration such as '20 seconds' or '500 ms' (got {value!r})")
-            seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+            seconds = parsed
         if seconds <= 0:
             raise self.fail(path, "must be positive")
         return seconds

@@ -2,6 +2,10 @@
 
     import sparkeos.spark
     spark = sparkeos.spark.session()          # or: sparkeos.spark.register(existing_session)
+
+One package per connector (`sparkeos.spark.kafka`); the modules here are what connectors share: option
+reading, the client cache of Python workers, the garbage-collector pause of hot loops, failure injection,
+and the program Spark runs for Python workers.
 """
 
 from __future__ import annotations
@@ -12,12 +16,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-SHORT_NAME = "sparkeos.kafka"
-
 
 def register(spark: SparkSession) -> SparkSession:
     """Register the `sparkeos.kafka` data source with a session and return the session."""
-    from .datasource import KafkaDataSource
+    from .kafka.datasource import KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)
     return spark
@@ -32,11 +34,11 @@ def session(
     packages; with a local master, through `workers.worker_python`, which spares each new worker from compiling
     pyspark again.
     Spark's `spark.kafka.consumer.cache.timeout` and `spark.kafka.producer.cache.timeout` in `config` reach
-    the Python workers as the environment variables that `sparkeos.spark.clients` reads.
+    the Python workers as the environment variables that `sparkeos.spark.kafka.options` names.
     """
     from pyspark.sql import SparkSession
 
-    from .clients import SPARK_CONF_FOR_ENV
+    from .kafka.options import SPARK_CONF_FOR_ENV
     from .workers import worker_python
 
     os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))

@@ -4,11 +4,11 @@ Spark puts three archives first on every Python worker's PYTHONPATH: its zipped 
 (`$SPARK_HOME/python/lib/pyspark.zip`), its zipped copy of py4j, and the spark-core jar (where distributions once
 packed pyspark). Python caches no bytecode for modules imported from a zip, so each new worker compiles pyspark and
 py4j again; and it reads an archive's whole directory in Python code when a worker first searches it, and again when
-Spark's worker set-up calls `importlib.invalidate_caches`: 37 ms each time for the jar's 5,973 entries. Spark starts
-such a process for every streaming query with a Python source (and for every Python data source it plans), and
-gives each a fixed 10 s to connect back, so on a loaded machine the compile can fail a query. Importing Spark's
-streaming source runner took 0.99 s with the pyspark zip, 0.21 s from the installed package; the whole runner
-process start then took 341 ms of CPU with py4j's zip and the jar, 220 ms without them (medians of 12).
+Spark's worker set-up calls `importlib.invalidate_caches`, which for the jar's thousands of entries is slow each
+time. Spark starts such a process for every streaming query with a Python source (and for every Python data source
+it plans), and gives each a fixed time to connect back, so on a loaded machine the compile can fail a query.
+Imported from the installed package, Spark's streaming source runner starts several times faster than from the
+pyspark zip, and without py4j's zip and the jar the whole process start costs markedly less CPU.
 
 When pyspark is pip-installed, SPARK_HOME is the installed package's own directory: the pyspark zip holds the same
 files as the package, the py4j of the zip's version is installed beside it, and the jar holds no Python module. For a

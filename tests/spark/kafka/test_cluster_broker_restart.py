@@ -22,10 +22,11 @@ import pytest
 from confluent_kafka import KafkaException
 
 from sparkeos.broker import EmbeddedBroker
-from sparkeos.spark.clients import ClientCallStuck
-from sparkeos.spark.cluster import KafkaCluster
-from sparkeos.spark.options import parse_sink_options
-from sparkeos.spark.sink import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter, prepare_exactly_once
+from sparkeos.spark.client_cache import ClientCallStuck
+from sparkeos.spark.kafka.cluster import KafkaCluster
+from sparkeos.spark.kafka.options import parse_sink_options
+from sparkeos.spark.kafka.sink.protocol import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter
+from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
 from support.spark import commit_sink_batch, create_topic, produce, unique
 from support.tcp_proxy import TcpProxy
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sparkeos.spark.cluster import connection_config
-from sparkeos.spark.options import (
+from sparkeos.spark.kafka.cluster import connection_config
+from sparkeos.spark.kafka.options import (
     EARLIEST,
     LATEST,
-    OptionError,
     parse_sink_options,
     parse_source_options,
 )
+from sparkeos.spark.options import OptionError
 
 BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
 

@@ -10,8 +10,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
 
-from sparkeos.spark.options import parse_sink_options
-from sparkeos.spark.sink import _TransactionalWriter, marker_partition, prepare_exactly_once
+from sparkeos.spark.kafka.options import parse_sink_options
+from sparkeos.spark.kafka.sink.markers import marker_partition
+from sparkeos.spark.kafka.sink.protocol import _TransactionalWriter
+from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
 from support.spark import commit_sink_batch as _commit_batch
 
 

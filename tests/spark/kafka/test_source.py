@@ -26,9 +26,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sparkeos.spark import source as source_module
-from sparkeos.spark.options import parse_source_options
-from sparkeos.spark.source import KafkaStreamReader
+from sparkeos.spark.kafka.options import parse_source_options
+from sparkeos.spark.kafka.source import range_reader as source_module
+from sparkeos.spark.kafka.source.readers import KafkaStreamReader
 from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
 # Spark's own Kafka source schema (KafkaRecordToRowConverter), written out independently of source.py.
@@ -270,7 +270,7 @@ def test_subscribe_pattern_picks_up_new_topics_and_partitions_from_earliest(spar
 
 def test_subscribe_pattern_is_found_anywhere_in_a_topic_name_as_in_spark(broker):
     """Spark matches subscribePattern with Java's find(): `orders` picks `eu-orders-v2` too."""
-    from sparkeos.spark.cluster import KafkaCluster
+    from sparkeos.spark.kafka.cluster import KafkaCluster
 
     bootstrap = broker.bootstrap_servers
     mark = unique("orders").replace("-", "")
@@ -437,7 +437,7 @@ def test_an_end_that_went_back_is_read_on_from_with_fail_on_data_loss_false(brok
 
 
 def test_offset_maps_must_name_exactly_the_partitions_read(broker):
-    from sparkeos.spark.source import OffsetPlanner
+    from sparkeos.spark.kafka.source.planner import OffsetPlanner
 
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("maps"), partitions=2)
@@ -700,7 +700,7 @@ def test_min_partitions_and_max_records_per_partition_split_ranges(spark, broker
 def test_min_partitions_shares_parts_as_spark_does():
     """Spark's KafkaOffsetRangeCalculator: small ranges stay whole, the parts left go to the big ones, and a
     share is rounded half up."""
-    from sparkeos.spark.source import plan_ranges
+    from sparkeos.spark.kafka.source.planner import plan_ranges
 
     def sizes(begin: dict, end: dict, min_partitions: int) -> list[tuple[int, int]]:
         return [(r.partition, r.size) for r in plan_ranges(begin, end, min_partitions, None)]

@@ -13,17 +13,20 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import TaskContext
 
-from sparkeos.spark import gcpause, source
-from sparkeos.spark.cluster import learn_topic
-from sparkeos.spark.gcpause import cyclic_gc_paused
-from sparkeos.spark.options import parse_source_options
-from sparkeos.spark.source import KafkaRange, read_range
+from sparkeos.spark import gc_pause
+from sparkeos.spark.gc_pause import cyclic_gc_paused
+from sparkeos.spark.kafka.cluster import learn_topic
+from sparkeos.spark.kafka.options import parse_source_options
+from sparkeos.spark.kafka.source import range_reader
+from sparkeos.spark.kafka.source.offsets import DataLossError
+from sparkeos.spark.kafka.source.planner import KafkaRange
+from sparkeos.spark.kafka.source.range_reader import read_range
 
 
 @pytest.fixture
 def reader_cache():
-    yield source._consumers
-    source._consumers.clear()  # before the broker stops
+    yield range_reader._consumers
+    range_reader._consumers.clear()  # before the broker stops
 
 
 def _topic_with_records(bootstrap: str, name: str, count: int) -> None:
@@ -105,7 +108,7 @@ def test_offsets_gone_from_kafka_fail_the_read_or_are_skipped_within_the_range(b
     strict = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "x"}, streaming=True)
     lenient = parse_source_options({"kafka.bootstrap.servers": bootstrap, "subscribe": "x", "failOnDataLoss": "false",
                                     "kafkaConsumer.pollTimeoutMs": "20000"}, streaming=True)
-    with pytest.raises(source.DataLossError, match="failOnDataLoss"):
+    with pytest.raises(DataLossError, match="failOnDataLoss"):
         _read(strict, "gone", 0, 10, 18)
     assert _read(lenient, "gone", 0, 10, 18) == [(o, f"gone-{2 * o}".encode()) for o in range(15, 18)]
     started = time.monotonic()
@@ -150,7 +153,7 @@ def test_nested_and_overlapping_pauses_restore_the_collector_after_the_last_one(
 
 
 def test_a_task_freezes_what_its_worker_held_before_it_and_the_driver_never_does(monkeypatch):
-    monkeypatch.setattr(gcpause, "_worker_frozen", False)
+    monkeypatch.setattr(gc_pause, "_worker_frozen", False)
     gc.unfreeze()
     try:
         with cyclic_gc_paused():  # no TaskContext: the driver, or a test

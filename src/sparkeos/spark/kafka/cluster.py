@@ -30,9 +30,9 @@ log = logging.getLogger("sparkeos.cluster")
 DEFAULT_TIMEOUT_S = 30.0
 WARMUP_TIMEOUT_S = 5.0  # a warm-up request only: real calls keep their own timeouts
 # How a broker restart (or a leader moving) makes a request fail: tried again until the call's deadline. A
-# running query died when its metadata request failed during a 1-3 s outage of its one broker (the error then
-# said, wrongly, that no answer came within 30 s), and ListOffsets fails at once with _NOENT ("No leaders
-# found") while the broker is down.
+# running query died when its metadata request failed during a short outage of its one broker (the error then
+# said, wrongly, that no answer came in time), and ListOffsets fails at once with _NOENT ("No leaders found")
+# while the broker is down.
 TRANSIENT_ERRORS = frozenset({
     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._NOENT,
     KafkaError._WAIT_COORD, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -81,7 +81,7 @@ def _partition_counts(metadata) -> dict[str, int]:
 
 def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
     """Fetch a topic's metadata before a consumer assigns it: librdkafka looks up a topic it has not seen
-    only on its one-second topic scan, so the first read of a new topic started up to a second late.
+    only on its periodic topic scan, so the first read of a new topic started late.
     One Metadata round trip; consumers never auto-create topics (librdkafka's default for them)."""
     try:
         consumer.list_topics(topic, timeout=timeout_s)
@@ -118,9 +118,9 @@ class KafkaCluster:
         self.bootstrap_servers = config["bootstrap.servers"]
         self.timeout_s = timeout_s
         self.admin = AdminClient(connection_config(config))
-        # Without it, a fresh client's first ListOffsets waited 1 to 3 s for 8 of 40 clients against the
-        # embedded broker; after one metadata request, 0 of 40, for about 50 ms (30 ms with the connector's
-        # reconnect.backoff.ms, see options.CONNECTION_DEFAULTS).
+        # Without it, a fresh client's first ListOffsets often waited out a retry timer (see
+        # connect_to_a_known_broker); after one metadata request, none did (see also
+        # options.CONNECTION_DEFAULTS).
         connect_to_a_known_broker(self.admin, 1, min(self.timeout_s / 4, WARMUP_TIMEOUT_S), self.bootstrap_servers)
 
     def _until_deadline(self, attempt: Callable[[float], Answer], what: str) -> Answer:

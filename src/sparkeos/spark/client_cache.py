@@ -1,12 +1,11 @@
-"""Kafka clients cached per Python worker, so tasks do not pay connection set-up (or init_transactions).
+"""Clients cached per Python worker, so tasks do not pay a client's set-up (connections, a transactional
+producer's init_transactions) again and again.
 
 Like Spark's own Kafka connector, a cached client that sits idle longer than its timeout is closed by a
 background evictor: a worker that served a finished query (or a cluster that is gone) does not keep
-connections, threads and reconnect attempts alive for the rest of its life. The timeouts mirror Spark's
-``spark.kafka.consumer.cache.timeout`` (5m) and ``spark.kafka.producer.cache.timeout`` (10m); Python
-workers cannot read SparkConf, so they come from the executors' environment variables
-``SPARKEOS_CONSUMER_CACHE_TIMEOUT`` and ``SPARKEOS_PRODUCER_CACHE_TIMEOUT`` (set them with
-``spark.executorEnv.*``; `sparkeos.spark.session` does this from Spark's names).
+connections, threads and reconnect attempts alive for the rest of its life. Python workers cannot read
+SparkConf, so a cache reads its timeout from an environment variable of the executors, which a connector
+names (for Kafka, `sparkeos.spark.kafka.options`).
 """
 
 from __future__ import annotations
@@ -25,13 +24,8 @@ from .options import duration_ms
 Client = TypeVar("Client")
 Result = TypeVar("Result")
 
-CONSUMER_TIMEOUT_ENV = "SPARKEOS_CONSUMER_CACHE_TIMEOUT"
-PRODUCER_TIMEOUT_ENV = "SPARKEOS_PRODUCER_CACHE_TIMEOUT"
-SPARK_CONF_FOR_ENV = {
-    "spark.kafka.consumer.cache.timeout": CONSUMER_TIMEOUT_ENV,
-    "spark.kafka.producer.cache.timeout": PRODUCER_TIMEOUT_ENV,
-}
-EVICTOR_MAX_INTERVAL_S = 60.0  # Spark's spark.kafka.*.cache.evictorThreadRunInterval
+# The longest wait between two evictions: Spark's Kafka connector's spark.kafka.*.cache.evictorThreadRunInterval.
+EVICTOR_MAX_INTERVAL_S = 60.0
 
 
 def idle_timeout_s(variable: str, default: str) -> float:
@@ -49,7 +43,7 @@ class ClientCallStuck(TimeoutError):
 
 
 def call_with_deadline(call: Callable[[], Result], deadline_s: float, what: str) -> Result:
-    """`call()`, waited for at most `deadline_s`: for a librdkafka call whose own timeout is not kept.
+    """`call()`, waited for at most `deadline_s`: for a client call whose own timeout is not kept (librdkafka's).
 
     The call runs in a daemon thread. If it is still running at the deadline, ClientCallStuck is raised
     and the thread is left blocked; the caller must then abandon the client, never close it (closing
@@ -112,8 +106,8 @@ class ClientCache(Generic[Client]):
                 entry.last_used = time.monotonic()
                 self.entries.move_to_end(key)
                 return entry.client
-        # Created outside the lock, so the evictor never waits on a transactional producer's
-        # init_transactions; a Python worker runs one task at a time, so no other task races for `key`.
+        # Created outside the lock, so the evictor never waits on a slow set-up (a transactional producer's
+        # init_transactions); a Python worker runs one task at a time, so no other task races for `key`.
         client = create()
         with self.lock:
             self.entries[key] = _Entry(client, time.monotonic(), leases=1)

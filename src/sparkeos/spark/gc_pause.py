@@ -1,17 +1,15 @@
 """Pausing Python's cyclic garbage collector while a task moves records.
 
-A task's hot loop holds thousands of GC-tracked objects at once (librdkafka messages, the sink's message
-dicts) and creates no reference cycles: reference counting frees all of it. The cyclic collector still runs a
-full pass over every tracked object of the worker (60,000 once pyspark's worker modules are loaded) each time
-enough of them survive younger passes. Reading 500,000 records took 5 full passes of 28-41 ms and 670 younger
-ones: 0.19-0.25 CPU-s, and a median 0.93 CPU-s for the read against 0.66 s paused. Paused, nothing is left for
-the collector to find, and the first allocations after the loop run it as usual.
+A task's hot loop holds thousands of GC-tracked objects at once (a client's messages, a sink's message dicts)
+and creates no reference cycles: reference counting frees all of it. The cyclic collector still runs a full
+pass over every tracked object of the worker (tens of thousands once pyspark's worker modules are loaded) each
+time enough of them survive younger passes, and those passes took a large share of a read's CPU time. Paused,
+nothing is left for the collector to find, and the first allocations after the loop run it as usual.
 
 In a Spark Python worker, the first pause also freezes (gc.freeze) the objects the worker holds at that moment:
 its modules, pyspark's, and their state, which live as long as the worker does (and those of its first task,
-left to reference counting alone). pyspark's daemon makes a full collection after every task a worker runs: in a
-pipeline query's four task workers, 43-95 ms each over 41,700 objects, against 0.0-0.3 ms over fewer than 300
-once frozen.
+left to reference counting alone). pyspark's daemon makes a full collection after every task a worker runs,
+over all of them; once they are frozen, it has only a few objects left to look at.
 """
 
 from __future__ import annotations

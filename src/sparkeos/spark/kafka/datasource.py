@@ -6,8 +6,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from .options import check_source_options, parse_sink_options, parse_source_options
-from .sink import KafkaBatchWriter, KafkaStreamWriter, prepare_exactly_once, validate_input_schema
-from .source import KafkaBatchReader, KafkaStreamReader, source_schema
+from .sink.startup_checks import prepare_exactly_once, validate_input_schema
+from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
+from .source.readers import KafkaBatchReader, KafkaStreamReader
+from .source.schema import source_schema
 
 
 class KafkaDataSource(DataSource):

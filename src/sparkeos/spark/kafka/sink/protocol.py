@@ -1,0 +1,333 @@
+"""The exactly-once protocol of the `sparkeos.kafka` sink (the one place it is stated), and its transactional write.
+
+Invariant
+---------
+With ``deliveryGuarantee=exactly_once``, for every micro-batch B and every Spark partition p of the
+sink's input, the records that task (B, p) writes become visible to ``read_committed`` consumers
+exactly once, however often Spark runs the task: retries, speculative copies, and the replay of B
+after the driver died between the tasks' commits and Spark's commit log entry for B.
+
+Protocol
+--------
+1. One transactional.id per (sink, Spark partition): ``T = <prefix>-<p>``. The prefix is the option
+   ``transactionalIdPrefix``, else ``sparkeos-<query id>``; Spark keeps the query id in the checkpoint,
+   so a restarted query reuses its ids and two queries never share one.
+2. A durable commit marker "T has committed batch B of query Q" is written in the same Kafka transaction as
+   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T`` on partition
+   ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
+   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
+   ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
+   expire records is refused at query start). Group offsets expire after ``offsets.retention.minutes``
+   of an idle group; the record does not, and is read when the group offset is missing. Both are read
+   on every marker partition and the newest wins (batches only grow), so partitions added to the
+   marker topic, which move T's home partition, cannot hide T's last commit.
+3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
+   every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
+   marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
+   Another query's marker (a ``transactionalIdPrefix`` reused with a new checkpoint) counts as none.
+   Otherwise it begins a transaction, produces the records, then the marker record and the marker
+   offset, and commits. Any error aborts the transaction (or discards a fenced producer) and fails the
+   task; Spark's retry decides again from step 3.
+4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a
+   commit of T that is not this producer's last, another producer committed T after it, and so fenced it:
+   it is replaced at once. Otherwise each transaction starts with the marker offset
+   (``send_offsets_to_transaction``), a synchronous round trip: if it fails, or does not return within its
+   bound (``BEGIN_TIMEOUT_S``), the producer is replaced (``init_transactions``) and the marker read again,
+   before any input is consumed. A producer fenced after that point cannot commit; its commit fails the
+   task. A cached producer that no task used for ``spark.kafka.producer.cache.timeout`` is closed between
+   transactions (``sparkeos.spark.client_cache``); the next task of T starts again at step 3.
+5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
+   written outside a transaction in exactly_once mode.
+
+What replay requires: Spark re-runs batch B from the offsets in its checkpoint, so (B, p) must
+receive the same records on replay: deterministic transformations (no unseeded ``rand()``,
+``uuid()`` or lookups of changing external data); shuffles, windows and watermarks of Spark are
+deterministic per batch. Empty tasks write no transaction at all.
+
+Batch writes (``df.write``) use the same protocol with B = 0 and ``T = <prefix>-<write id>-<p>``, a
+write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt. Every
+task reads the marker, whatever its attempt number: a stage re-run (after a fetch failure) numbers its
+tasks from 0 again, and may re-run a task whose first run committed. Only the group offset is read: a
+write id lives for one write, far less than ``offsets.retention.minutes``, so a missing offset means
+"never committed". The producer of such an id is closed when its task ends: nothing uses the id again.
+
+Where the steps live: the marker topic, an id's marker partition and the reading of markers in `markers`; the
+driver's checks before any task in `startup_checks`; rows to Kafka messages in `rows`; the driver's reports in
+`reports`; Spark's writer classes in `writers`; at_least_once and none, which write outside transactions, in
+`without_transactions`. Steps 3 and 4 of a task are `write_exactly_once` below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from pyspark import TaskContext
+
+from ... import failpoints
+from ...client_cache import ClientCache, ClientCallStuck, call_with_deadline
+from ..cluster import WARMUP_TIMEOUT_S, connect_to_a_known_broker
+from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
+from .markers import MarkerReader
+from .reports import SinkCommit
+from .rows import Rows, produce
+
+log = logging.getLogger("sparkeos.sink")
+
+# The marker offset at a transaction's start: AddOffsetsToTxn and TxnOffsetCommit, quick when the cluster is up.
+# librdkafka (2.16 and earlier) can wait forever in send_offsets_to_transaction, past its timeout, for a group
+# coordinator it cached before the broker went away (confluentinc/librdkafka#5456, #5511): a running query whose
+# broker was killed -9 and restarted stalled there every time. So the call gets this long, plus a grace for
+# librdkafka to report its own timeout first; then the producer is abandoned and a new one, whose coordinator cache
+# is empty, starts the transaction again.
+BEGIN_TIMEOUT_S = 15.0
+STUCK_CALL_GRACE_S = 5.0
+# Input a task holds in memory while its writer is set up: enough to keep the input moving through a set-up,
+# bounded so that a task's memory stays small.
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+
+
+class _TransactionalWriter(MarkerReader):
+    """One transactional.id's producer and marker reader, cached per Python worker."""
+
+    def __init__(self, options: SinkOptions, transactional_id: str, marker_partitions: int):
+        config = options.producer_config()
+        config["transactional.id"] = transactional_id
+        self.producer = Producer(config)
+        super().__init__(options, transactional_id, marker_partitions)
+        self.stuck = False  # a producer call never returned: the producer must not be closed
+        self.last_commit: tuple[str | None, int] | None = None  # (query, batch) of this producer's last commit
+        # A coordinator lookup before the producer reached a known broker could wait out a retry timer of
+        # librdkafka; after two metadata requests (the first can still go out on the bootstrap connection), none
+        # did.
+        connect_to_a_known_broker(self.producer, 2, WARMUP_TIMEOUT_S, f"the producer of {transactional_id}")
+        # Step 3: a new producer of T fences every older one and aborts T's open transaction, if any.
+        self.producer.init_transactions(self.timeout_s)
+
+    def close(self) -> None:
+        # Explicitly, not on garbage collection: a traceback may keep this object, and with it the
+        # producer's threads and connections, alive for as long as the worker lives.
+        super().close()
+        if self.stuck:
+            # Closing would wait for the call that never returned. The producer is fenced by its successor.
+            log.warning("abandoning the producer of %s: a call into it never returned", self.transactional_id)
+            return
+        self.producer.purge()
+        self.producer.close()
+
+    def begin(self, batch: int, query_id: str | None) -> None:
+        """Step 4: open the transaction with the marker offset first, a synchronous round trip that fails here,
+        before any input is consumed, if another producer of this id has fenced us."""
+        self.producer.begin_transaction()
+        offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1, metadata=query_id or "")]
+        group = self.consumer.consumer_group_metadata()
+        try:
+            call_with_deadline(
+                lambda: self.producer.send_offsets_to_transaction(offsets, group, BEGIN_TIMEOUT_S),
+                BEGIN_TIMEOUT_S + STUCK_CALL_GRACE_S, f"send_offsets_to_transaction of {self.transactional_id}",
+            )
+        except ClientCallStuck:
+            self.stuck = True
+            raise
+
+    def write_and_commit(self, batch: int, query_id: str | None, batches: Iterator[pa.RecordBatch]) -> int:
+        """Step 3, in the open transaction: the records, then the marker record, then the commit (step 2: the
+        marker commits with the records, or neither does)."""
+        records = 0
+        for arrow_batch in batches:
+            rows = Rows(arrow_batch, self.options.topic)
+            rows.produce_all(self.producer)
+            records += rows.count
+        # The marker record goes last, so it holds back the marker partition's LSO only for the commit.
+        marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id}
+        # The data may have filled the producer's queue: wait for room, as for the records themselves.
+        produce(self.producer, {"topic": self.marker.topic, "key": self.transactional_id.encode(),
+                                "value": json.dumps(marker).encode(), "partition": self.marker.partition})
+        failpoints.fire("sink.before_commit")
+        self.producer.commit_transaction(self.timeout_s)
+        self.last_commit = (query_id, batch)
+        return records
+
+    def superseded(self, query_id: str | None, committed: int | None) -> bool:
+        """Step 4: whether the marker shows a commit of T newer than this producer's last: another producer of T,
+        which fenced this one when it called init_transactions before committing."""
+        return self.last_commit is not None and self.last_commit != (query_id, committed)
+
+    def abort_quietly(self) -> None:
+        try:
+            self.producer.abort_transaction(self.timeout_s)
+        except KafkaException as exc:
+            log.warning("aborting the transaction of %s failed: %s", self.transactional_id, exc)
+
+
+_writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close, PRODUCER_TIMEOUT_ENV,
+                                                          PRODUCER_CACHE_TIMEOUT)
+
+
+def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, query_id: str | None,
+                       marker_partitions: int, batches: Iterator[pa.RecordBatch],
+                       one_write_id: bool = False) -> SinkCommit:
+    """Steps 3 and 4 of the protocol for one task. `one_write_id`: the id of a batch write, used by this write
+    only; its marker is the group offset alone, and its producer is closed afterwards."""
+    partition = TaskContext.get().partitionId()
+    first, rest = _peek(batches)
+    if first is None:
+        # Empty tasks write no transaction at all.
+        return SinkCommit(partition, batch, 0, False, transactional_id)
+    key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
+    scan_records = not one_write_id
+
+    def create() -> _TransactionalWriter:
+        return _TransactionalWriter(options, transactional_id, marker_partitions)
+
+    def put_back(writer: _TransactionalWriter) -> None:
+        _writers.release(writer)
+        if one_write_id:
+            _writers.forget(writer)
+
+    # Steps 3 and 4: the worker's producer for T and T's marker, fetched while the task reads ahead.
+    writer, committed, buffered = _set_up_while_reading_ahead(key, create, put_back, query_id, scan_records, first,
+                                                              rest)
+    pending = itertools.chain(buffered, rest)
+    try:
+        for attempt in range(2):
+            # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume, write nothing.
+            if committed is not None and committed >= batch:
+                skipped = _drain(pending)
+                log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
+                         committed, skipped)
+                return SinkCommit(partition, batch, skipped, True, transactional_id)
+            # Step 4: the transaction starts with the marker offset, before any input is consumed.
+            try:
+                began = time.monotonic()
+                writer.begin(batch, query_id)
+                break
+            except (KafkaException, ClientCallStuck):
+                # Step 4: fenced (another worker initialised this id since we cached the producer), broken or
+                # stuck: a new producer fences the others, and the marker is read again under its epoch.
+                _writers.forget(writer)
+                if attempt == 1:
+                    raise
+                writer = _writers.acquire(key, create)
+                committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+        # Step 3: the records, then the marker record, then the commit.
+        try:
+            records = writer.write_and_commit(batch, query_id, pending)
+        except KafkaException as exc:
+            # Step 3: any error aborts the transaction (or discards a fenced producer) and fails the task.
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.txn_requires_abort():
+                writer.abort_quietly()
+            else:
+                _writers.forget(writer)
+            _raise_if_timed_out(options, transactional_id, time.monotonic() - began, exc)
+            raise
+        except BaseException:
+            writer.abort_quietly()
+            raise
+        failpoints.fire("sink.after_commit")
+        return SinkCommit(partition, batch, records, False, transactional_id)
+    finally:
+        put_back(writer)
+
+
+def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalWriter],
+                                put_back: Callable[[_TransactionalWriter], None], query_id: str | None,
+                                scan_records: bool, first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
+                                ) -> tuple[_TransactionalWriter, int | None, list[pa.RecordBatch]]:
+    """Step 3's producer and marker, fetched in a thread while the task reads ahead; then (writer, last committed
+    batch, the batches read meanwhile)."""
+
+    def writer_and_marker() -> tuple[_TransactionalWriter, int | None]:
+        # Step 3: the worker's producer for T (a new one runs init_transactions), then T's marker.
+        writer = _writers.acquire(key, create)
+        try:
+            committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            if writer.superseded(query_id, committed):
+                # Step 4: another producer committed T since this cached one did, and so fenced it. The usual
+                # case in a streaming query: Spark hands a partition's next task to whichever idle worker is
+                # first in its queue, seldom the one that ran the last. Replaced here, while the task reads
+                # ahead, not after a transaction's first call failed on it (which librdkafka logs as fatal).
+                _writers.forget(writer)
+                writer = _writers.acquire(key, create)
+                committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            return writer, committed
+        except BaseException:
+            put_back(writer)
+            raise
+
+    def put_back_unused(setting_up: Future) -> None:
+        if setting_up.exception() is None:
+            put_back(setting_up.result()[0])
+
+    setting_up: Future = Future()
+
+    def set_up() -> None:
+        try:
+            setting_up.set_result(writer_and_marker())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the task's thread
+            setting_up.set_exception(exc)
+
+    # A daemon thread: a set-up stuck on an unreachable cluster must not hold up the worker's exit.
+    threading.Thread(target=set_up, name="sparkeos-sink-setup", daemon=True).start()
+    try:
+        buffered = _read_ahead(first, rest, setting_up, READ_AHEAD_BYTES)
+    except BaseException:
+        # The input failed: the task fails now, not after the set-up, whose writer goes back to the cache unused.
+        setting_up.add_done_callback(put_back_unused)
+        raise
+    writer, committed = setting_up.result()
+    return writer, committed, buffered
+
+
+def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
+    for batch in batches:
+        if batch.num_rows:
+            return batch, batches
+    return None, batches
+
+
+def _drain(batches: Iterator[pa.RecordBatch]) -> int:
+    return sum(b.num_rows for b in batches)
+
+
+def _read_ahead(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], setting_up: Future,
+                max_bytes: int) -> list[pa.RecordBatch]:
+    """The input batches that arrive while the task's writer is set up (up to `max_bytes`).
+
+    Setting up (a producer's init_transactions, the marker scan, the first round trip of the transaction) takes a
+    new query's task a noticeable while; meanwhile Spark's feed of this task's input, and with it the source's
+    reader upstream in the same task, would stand still."""
+    buffered, size = [first], first.nbytes
+    while not setting_up.done() and size < max_bytes:
+        batch = next(rest, None)
+        if batch is None:
+            break
+        buffered.append(batch)
+        size += batch.nbytes
+    return buffered
+
+
+class TransactionTimedOut(RuntimeError):
+    """A task's transaction outlived kafka.transaction.timeout.ms, so Kafka aborted it."""
+
+
+def _raise_if_timed_out(options: SinkOptions, transactional_id: str, open_s: float, cause: Exception) -> None:
+    if open_s * 1000 <= options.transaction_timeout_ms:
+        return
+    # Unless Kafka was unreachable meanwhile, a retry would take as long and fail the same way: say what to change
+    # rather than what librdkafka saw.
+    raise TransactionTimedOut(
+        f"the transaction of {transactional_id} was open for {open_s:.1f} s, longer than option "
+        f"'kafka.transaction.timeout.ms' ({options.transaction_timeout_ms} ms), and Kafka aborted it. A task's "
+        "input is computed while its transaction is open, so the work upstream of the sink counts, as does any "
+        "time Kafka was unreachable: raise the option (up to the broker's transaction.max.timeout.ms) or give "
+        f"each task less input (more partitions, maxOffsetsPerTrigger). Kafka's error: {cause}"
+    ) from cause

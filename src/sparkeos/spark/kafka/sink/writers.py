@@ -1,0 +1,79 @@
+"""The classes Spark calls for a `sparkeos.kafka` write: a streaming query's writer and a batch write's.
+
+Each task writes with the protocol of its deliveryGuarantee; the driver's commit and abort only report.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
+
+from ... import failpoints
+from ...gc_pause import cyclic_gc_paused
+from ..options import SinkOptions
+from .protocol import write_exactly_once
+from .reports import SinkCommit, report, report_commit, report_level
+from .without_transactions import write_without_transactions
+
+
+def _task_context() -> tuple[int, int, str | None]:
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("the sparkeos.kafka sink must run inside a Spark task")
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    query = context.getLocalProperty("sql.streaming.queryId")
+    return context.partitionId(), int(batch) if batch is not None else 0, query
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions, marker_partitions: int):
+        report_level()  # a bad SPARKEOS_LOG_LEVEL fails the query at its start, not at its first commit
+        self.options = options
+        self.marker_partitions = marker_partitions
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        partition, batch, query_id = _task_context()
+        with cyclic_gc_paused():
+            if self.options.delivery_guarantee != "exactly_once":
+                return write_without_transactions(self.options, batch, iterator)
+            prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
+            return write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id,
+                                      self.marker_partitions, iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        failpoints.fire("sink.driver_commit")
+        report(logging.INFO, report_commit(messages, batchId, self.options.delivery_guarantee))
+
+    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        done = [m for m in messages if isinstance(m, SinkCommit)]
+        report(logging.WARNING, f"batch {batchId} aborted by Spark: {len(done)} of {len(messages)} tasks had finished; "
+                                "Spark re-runs the batch and tasks whose marker shows it committed write nothing")
+
+
+class KafkaBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options: SinkOptions, marker_partitions: int):
+        report_level()
+        self.options = options
+        self.marker_partitions = marker_partitions
+        self.write_id = uuid.uuid4().hex[:16]
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        partition, _batch, _query = _task_context()
+        with cyclic_gc_paused():
+            if self.options.delivery_guarantee != "exactly_once":
+                return write_without_transactions(self.options, 0, iterator)
+            prefix = self.options.transactional_id_prefix or "sparkeos"
+            return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
+                                      self.marker_partitions, iterator, one_write_id=True)
+
+    def commit(self, messages: list) -> None:
+        report(logging.INFO, report_commit(messages, 0, self.options.delivery_guarantee))
+
+    def abort(self, messages: list) -> None:
+        done = len([m for m in messages if isinstance(m, SinkCommit)])
+        report(logging.WARNING, f"write {self.write_id} aborted by Spark after {done} tasks finished")
