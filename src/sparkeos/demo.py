@@ -21,13 +21,14 @@ from pathlib import Path
 
 import fastavro
 import yaml
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .broker import BrokerProcess
+from .stack import StackProcess
+from .verify import ReadTimeout, count_records
 
 INPUT_TOPIC = "people"
 OUTPUT_TOPIC = "identify-numbers"
@@ -182,26 +183,12 @@ class Progress:
 
 
 def count_committed(bootstrap: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{GROUP}-count", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         # librdkafka pauses fetching 1 s whenever 100,000 records wait in its queue
-                         "fetch.queue.backoff.ms": 10})
-    metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-    partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
-    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions}
-    consumer.assign(partitions)
-    pending = {p for p, end in ends.items() if end > 0}
-    count = 0
-    deadline = time.monotonic() + 60
-    while pending and time.monotonic() < deadline:
-        for message in consumer.consume(10_000, 0.5):
-            error = message.error()
-            if error is None:
-                count += 1
-            elif error.code() == KafkaError._PARTITION_EOF and message.offset() >= ends[message.partition()]:
-                pending.discard(message.partition())
-    consumer.close()
-    return count
+    """Records of `topic` visible to read_committed readers, read to its end. The count is progress shown while
+    the job runs, so a read that times out shows what it counted so far instead of ending the demo."""
+    try:
+        return count_records(bootstrap, topic, timeout_s=60)
+    except ReadTimeout as timed_out:
+        return timed_out.records_read
 
 
 def committed_batches(checkpoint: Path) -> int:
@@ -222,25 +209,23 @@ def status_table(state: dict) -> Table:
 def run_demo(records: int, data_dir: Path | None, crash_every: float | None, event_time: bool, as_json: bool,
              partitions: int = 2, seed: int = 42, timeout_s: float = 900) -> int:
     from .jobs.runner import Supervisor, read_json
-    from .registry import SchemaRegistryServer
 
     console = Console(stderr=as_json)
     workdir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sparkeos-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    broker = BrokerProcess(workdir / "broker").start()
-    registry = None
+    stack = StackProcess(workdir / "broker", schema_registry=True).start()
     supervisor = None
     started = time.monotonic()
     try:
-        bootstrap = broker.bootstrap_servers
-        registry = SchemaRegistryServer(bootstrap).start()
+        bootstrap = stack.bootstrap_servers
+        registry_url = stack.schema_registry_url
         create_topics(bootstrap, partitions)
-        generated = produce_people(bootstrap, registry.url, records, seed, late_sentinel=event_time)
-        console.print(f"broker {bootstrap}, schema registry {registry.url}, {generated.records} records produced "
+        generated = produce_people(bootstrap, registry_url, records, seed, late_sentinel=event_time)
+        console.print(f"broker {bootstrap}, schema registry {registry_url}, {generated.records} records produced "
                       f"({generated.valid} with 18-character ID numbers, {generated.corrupt} corrupt), "
                       f"workdir {workdir}")
         job_path = workdir / "job.yaml"
-        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry.url, workdir / "checkpoint", event_time),
+        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry_url, workdir / "checkpoint", event_time),
                                            sort_keys=False))
         status_file = workdir / "status.json"
         supervisor = Supervisor(str(job_path), master="local[2]", status_file=status_file,
@@ -305,9 +290,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
     finally:
         if supervisor is not None:
             supervisor.kill_driver()
-        if registry is not None:
-            registry.stop()
-        broker.stop()
+        stack.stop()
 
 
 def audit_demo(job_path: Path, bootstrap: str):

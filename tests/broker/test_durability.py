@@ -13,6 +13,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sparkeos.broker import BrokerProcess
+from sparkeos.verify import read_records
 from support.wire import WireClient
 
 log = logging.getLogger(__name__)
@@ -44,29 +45,11 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
         return [client.log_end_offset(topic, p) for p in range(partitions)]
 
 
-def read_all(bootstrap: str, topic: str, ends: list[int], timeout: float = 30.0) -> dict[int, list[tuple[int, bytes]]]:
-    """(offset, value) of every record of every partition, read back by an independent consumer."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"verify-{topic}-{random.random()}",
-        "enable.auto.commit": False,
-        "fetch.max.bytes": 1 << 20,
-    })
-    found: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(len(ends))}
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(len(ends))])
-
-        def complete() -> bool:
-            return all((found[p][-1][0] + 1 if found[p] else 0) >= ends[p] for p in found)
-
-        deadline = time.monotonic() + timeout
-        while not complete() and time.monotonic() < deadline:
-            for message in consumer.consume(1000, 0.5):
-                if message.error() is not None:
-                    raise AssertionError(f"consumer error: {message.error()}")
-                found[message.partition()].append((message.offset(), message.value()))
-    finally:
-        consumer.close()
+def read_all(bootstrap: str, topic: str) -> dict[int, list[tuple[int, bytes]]]:
+    """(offset, value) of every record of every partition, read back to its end by an independent consumer."""
+    found: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
+    for record in read_records(bootstrap, topic, config={"fetch.max.bytes": 1 << 20}):
+        found[record.partition].append((record.offset, record.value))
     return found
 
 
@@ -154,7 +137,7 @@ def test_acknowledged_records_survive_repeated_kill_9(tmp_path: Path, topic_name
         assert len(writer.acked) == writer.sent
 
         ends = end_offsets(broker.bootstrap_servers, topic_name, PARTITIONS)
-        found = read_all(broker.bootstrap_servers, topic_name, ends)
+        found = read_all(broker.bootstrap_servers, topic_name)
         check_log(found, writer.acked, ends)
         # With every send acknowledged, the log holds exactly the numbers sent, once each.
         assert sum(ends) == writer.sent
@@ -202,7 +185,7 @@ def test_kill_9_under_load_with_interval_fsync(tmp_path: Path, topic_name: str) 
         assert not writer.failed, f"deliveries failed: {list(writer.failed.items())[:5]}"
 
         ends = end_offsets(broker.bootstrap_servers, topic_name, PARTITIONS)
-        found = read_all(broker.bootstrap_servers, topic_name, ends)
+        found = read_all(broker.bootstrap_servers, topic_name)
         check_log(found, writer.acked, ends)
         # Whatever a consumer saw before a crash is still there, at the same offset.
         assert len(seen) > 100
@@ -236,7 +219,7 @@ def test_clean_shutdown_keeps_everything(tmp_path: Path, topic_name: str) -> Non
         broker.start()
         ends = end_offsets(broker.bootstrap_servers, topic_name, PARTITIONS)
         assert ends == ends_before == [1000, 1000, 1000]
-        check_log(read_all(broker.bootstrap_servers, topic_name, ends), acked, ends)
+        check_log(read_all(broker.bootstrap_servers, topic_name), acked, ends)
 
         # The same producer keeps going after the restart; offsets continue where they were.
         for number in range(3000, 3300):
@@ -245,6 +228,6 @@ def test_clean_shutdown_keeps_everything(tmp_path: Path, topic_name: str) -> Non
         assert producer.flush(30) == 0
         ends = end_offsets(broker.bootstrap_servers, topic_name, PARTITIONS)
         assert ends == [1100, 1100, 1100]
-        check_log(read_all(broker.bootstrap_servers, topic_name, ends), acked, ends)
+        check_log(read_all(broker.bootstrap_servers, topic_name), acked, ends)
     finally:
         broker.kill()

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
+from sparkeos.verify import read_records
 from support.tcp_proxy import TcpProxy
 from support.wire import WireClient, build_batch
 
@@ -21,28 +22,6 @@ log = logging.getLogger(__name__)
 
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
-
-
-def read_partition(bootstrap: str, topic: str, partition: int, end: int, timeout: float = 30.0) -> list:
-    """Every record of one partition from offset 0 up to `end`, in log order."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"reader-{topic}-{partition}",
-        "enable.auto.commit": False,
-        "enable.partition.eof": False,
-    })
-    records = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        deadline = time.monotonic() + timeout
-        while (not records or records[-1].offset() < end - 1) and time.monotonic() < deadline:
-            for message in consumer.consume(500, 0.5):
-                if message.error() is not None:
-                    raise AssertionError(f"consumer error: {message.error()}")
-                records.append(message)
-    finally:
-        consumer.close()
-    return records
 
 
 # -- through a proxy that drops connections ---------------------------------------------------------
@@ -109,16 +88,17 @@ def test_idempotent_producer_survives_dropped_connections(tmp_path: Path, topic_
             assert not failures, f"{len(failures)} deliveries failed, e.g. {failures[:5]}"
             assert len(delivered) == total
 
+            written = read_records(proxy.address, topic_name)
             for partition in range(partitions):
                 expected = [n for n in range(total) if n % partitions == partition]
                 with WireClient(f"127.0.0.1:{broker.config.port}") as client:
                     end = client.log_end_offset(topic_name, partition)
                 assert end == len(expected), f"partition {partition} holds {end} records, expected {len(expected)}"
-                records = read_partition(proxy.address, topic_name, partition, end)
-                values = [int(m.value()) for m in records]
+                records = [record for record in written if record.partition == partition]
+                values = [int(record.value) for record in records]
                 assert values == expected, "duplicates, gaps or reordering in the log"
-                for message in records:
-                    assert delivered[int(message.value())] == (partition, message.offset())
+                for record in records:
+                    assert delivered[int(record.value)] == (partition, record.offset)
 
 
 # -- exact answers to crafted Produce requests --------------------------------------------------

@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.broker import EmbeddedBroker
+from sparkeos.verify import read_values
 
 
 def _producer(bootstrap: str, transactional_id: str, **extra: object) -> Producer:
@@ -22,28 +23,6 @@ def _producer(bootstrap: str, transactional_id: str, **extra: object) -> Produce
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions)])[topic].result(15)
-
-
-def _read_committed(bootstrap: str, topic: str, partitions: int, settle_s: float = 1.5) -> list[bytes]:
-    """Everything visible to read_committed, read until nothing new arrives for `settle_s`."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"reader-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-    })
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    values: list[bytes] = []
-    quiet_since = time.monotonic()
-    deadline = time.monotonic() + 30
-    while time.monotonic() - quiet_since < settle_s and time.monotonic() < deadline:
-        message = consumer.poll(0.1)
-        if message is None or message.error():
-            continue
-        values.append(message.value())
-        quiet_since = time.monotonic()
-    consumer.close()
-    return values
 
 
 def test_commit_abort_and_commit_after_abort(broker: EmbeddedBroker, topic_name: str) -> None:
@@ -61,7 +40,7 @@ def test_commit_abort_and_commit_after_abort(broker: EmbeddedBroker, topic_name:
     producer.produce(topic_name, b"after-abort")
     producer.commit_transaction(15)
 
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == [
+    assert read_values(broker.bootstrap_servers, topic_name) == [
         *(b"committed-%d" % i for i in range(5)),
         b"after-abort",
     ]
@@ -95,10 +74,10 @@ def test_atomic_across_partitions_and_topics(broker: EmbeddedBroker) -> None:
             producer.commit_transaction(15)
         else:
             producer.abort_transaction(15)
-    assert sorted(_read_committed(broker.bootstrap_servers, first, 3)) == sorted(
+    assert sorted(read_values(broker.bootstrap_servers, first)) == sorted(
         b"%d-%d" % (r, p) for r in (0, 2) for p in range(3)
     )
-    assert sorted(_read_committed(broker.bootstrap_servers, second, 2)) == sorted(
+    assert sorted(read_values(broker.bootstrap_servers, second)) == sorted(
         b"%d-%d" % (r, p) for r in (0, 2) for p in range(2)
     )
 
@@ -115,7 +94,7 @@ def test_open_transaction_holds_back_lso(broker: EmbeddedBroker, topic_name: str
     plain.flush(15)
 
     # Only what precedes the open transaction is stable.
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == [b"before"]
+    assert read_values(broker.bootstrap_servers, topic_name) == [b"before"]
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "lso",
                          "isolation.level": "read_committed"})
     low, high = consumer.get_watermark_offsets(TopicPartition(topic_name, 0), timeout=10, cached=False)
@@ -123,7 +102,7 @@ def test_open_transaction_holds_back_lso(broker: EmbeddedBroker, topic_name: str
     consumer.close()
 
     producer.commit_transaction(15)
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == [b"before", b"pending", b"after-open"]
+    assert read_values(broker.bootstrap_servers, topic_name) == [b"before", b"pending", b"after-open"]
 
 
 def test_second_producer_fences_the_first(broker: EmbeddedBroker, topic_name: str) -> None:
@@ -143,7 +122,7 @@ def test_second_producer_fences_the_first(broker: EmbeddedBroker, topic_name: st
         zombie.commit_transaction(15)
     assert failure.value.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                                              KafkaError.INVALID_PRODUCER_EPOCH)
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == [b"successor"]
+    assert read_values(broker.bootstrap_servers, topic_name) == [b"successor"]
 
 
 def test_broker_aborts_a_transaction_that_outlives_its_timeout(broker: EmbeddedBroker, topic_name: str) -> None:
@@ -158,11 +137,11 @@ def test_broker_aborts_a_transaction_that_outlives_its_timeout(broker: EmbeddedB
     assert txn.state == "CompleteAbort"
     with pytest.raises(KafkaException):
         producer.commit_transaction(15)
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == []
+    assert read_values(broker.bootstrap_servers, topic_name) == []
     plain = Producer({"bootstrap.servers": broker.bootstrap_servers})
     plain.produce(topic_name, b"later")
     plain.flush(15)
-    assert _read_committed(broker.bootstrap_servers, topic_name, 1) == [b"later"]
+    assert read_values(broker.bootstrap_servers, topic_name) == [b"later"]
 
 
 def test_timeout_above_broker_maximum_fails_init(tmp_path: Path) -> None:
@@ -218,7 +197,7 @@ def test_send_offsets_to_transaction_published_only_on_commit(broker: EmbeddedBr
     assert committed() == 10
     checker.close()
     consumer.close()
-    assert _read_committed(broker.bootstrap_servers, sink, 1) == [b"out-%d" % i for i in range(10)]
+    assert read_values(broker.bootstrap_servers, sink) == [b"out-%d" % i for i in range(10)]
 
 
 def test_offset_fetch_require_stable_waits_for_pending_offsets(broker: EmbeddedBroker, topic_name: str) -> None:

@@ -17,9 +17,10 @@ import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from sparkeos.broker import BrokerProcess
+from sparkeos.verify import read_records
 
 log = logging.getLogger(__name__)
 
@@ -115,33 +116,6 @@ class TransactionalWriter(threading.Thread):
             return False
 
 
-def _read_everything(bootstrap: str, topic: str) -> list[tuple[int, str]]:
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"audit-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-    })
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    records: list[tuple[int, str]] = []
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(at_end) < PARTITIONS and time.monotonic() < deadline:
-        message = consumer.poll(0.2)
-        if message is None:
-            continue
-        if message.error():
-            if message.error().code() == -191:  # _PARTITION_EOF at the last stable offset
-                at_end.add(message.partition())
-            continue
-        at_end.discard(message.partition())
-        records.append((message.partition(), message.value().decode()))
-    consumer.close()
-    assert len(at_end) == PARTITIONS, "the reader did not reach the end of every partition"
-    return records
-
-
 def test_transactions_exact_through_broker_kill_9(tmp_path: Path) -> None:
     seed = random.randrange(2**32)
     log.warning("seed %d", seed)
@@ -169,7 +143,7 @@ def test_transactions_exact_through_broker_kill_9(tmp_path: Path) -> None:
         for writer in writers:
             writer.join(120)
             assert not writer.is_alive(), f"{writer.name} hung"
-        records = _read_everything(broker.bootstrap_servers, topic)
+        records = [(r.partition, r.value.decode()) for r in read_records(broker.bootstrap_servers, topic)]
     finally:
         stop.set()
         broker.kill()

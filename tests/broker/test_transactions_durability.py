@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
@@ -31,6 +31,7 @@ from sparkeos.broker.coordinator.transactions import (
     TransactionSettings,
 )
 from sparkeos.broker.storage.topics import TopicStore
+from sparkeos.verify import READ_COMMITTED, read_values
 
 PARTITIONS = 2
 
@@ -86,34 +87,9 @@ def _open_transaction(producer: Producer, topic: str, prefix: str, count: int) -
     return values
 
 
-def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[str]:
+def _read(bootstrap: str, topic: str, isolation: str = READ_COMMITTED) -> list[str]:
     """Everything a fresh consumer sees up to the end (the LSO for read_committed) of each partition."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"audit-{uuid.uuid4().hex}",
-        "isolation.level": isolation,
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-    })
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    values: list[str] = []
-    at_end: set[int] = set()
-    deadline = time.monotonic() + 20
-    try:
-        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
-            message = consumer.poll(0.1)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == -191:  # _PARTITION_EOF
-                    at_end.add(message.partition())
-                continue
-            at_end.discard(message.partition())
-            values.append(message.value().decode())
-    finally:
-        consumer.close()
-    assert len(at_end) == PARTITIONS, f"{isolation} reader did not reach the end of every partition"
-    return values
+    return [value.decode() for value in read_values(bootstrap, topic, isolation_level=isolation)]
 
 
 def _end_offsets(bootstrap: str, topic: str, committed: bool) -> list[int]:

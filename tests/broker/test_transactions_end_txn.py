@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.producer import (
     AddPartitionsToTxnRequest,
@@ -23,6 +22,7 @@ from kafka.protocol.producer import (
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
 from sparkeos.broker.coordinator.transactions import COMPLETE_COMMIT, ONGOING
+from sparkeos.verify import read_values
 from support.wire import WireClient, build_batch
 
 NONE = 0
@@ -75,33 +75,6 @@ def end_request(transactional_id: str, producer_id: int, epoch: int, commit: boo
     )
 
 
-def read_committed(bootstrap: str, topic: str, expected: int) -> list[bytes]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": uuid.uuid4().hex,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    values: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        for _ in range(200):
-            msg = consumer.poll(0.1)
-            if msg is None:
-                continue
-            if msg.error():
-                if len(values) >= expected:
-                    break
-                continue
-            values.append(msg.value())
-    finally:
-        consumer.close()
-    return values
-
-
 def test_next_transaction_pipelined_behind_end_txn_waits_instead_of_failing(
     broker: EmbeddedBroker, topic_name: str
 ) -> None:
@@ -121,7 +94,7 @@ def test_next_transaction_pipelined_behind_end_txn_waits_instead_of_failing(
         assert broker.broker.transactions.transactions[transactional_id].state == ONGOING
         produce_transactional(wire, transactional_id, pid, epoch, topic_name, [b"c"], 2)
         assert wire.request(end_request(transactional_id, pid, epoch, True), EndTxnResponse, 0).error_code == NONE
-    assert read_committed(broker.bootstrap_servers, topic_name, 3) == [b"a", b"b", b"c"]
+    assert read_values(broker.bootstrap_servers, topic_name) == [b"a", b"b", b"c"]
 
 
 def test_commit_answered_then_kill_9_stays_committed(tmp_path: Path, topic_name: str) -> None:
@@ -137,7 +110,7 @@ def test_commit_answered_then_kill_9_stays_committed(tmp_path: Path, topic_name:
             assert wire.request(end_request(transactional_id, pid, epoch, True), EndTxnResponse, 0).error_code == NONE
         process.kill()
         process.restart()
-        assert read_committed(process.bootstrap_servers, topic_name, 2) == [b"x", b"y"]
+        assert read_values(process.bootstrap_servers, topic_name) == [b"x", b"y"]
     finally:
         process.kill()
 
@@ -155,4 +128,4 @@ def test_broker_close_waits_for_background_completions(tmp_path: Path, topic_nam
     with EmbeddedBroker(tmp_path / "data") as reopened:
         # A clean shutdown leaves nothing for recovery to finish: the Complete record was written.
         assert reopened.broker.transactions.transactions[transactional_id].state == COMPLETE_COMMIT
-        assert read_committed(reopened.bootstrap_servers, topic_name, 1) == [b"z"]
+        assert read_values(reopened.bootstrap_servers, topic_name) == [b"z"]

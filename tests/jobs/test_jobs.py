@@ -15,7 +15,8 @@ from sparkeos.jobs.audit import audit
 from sparkeos.jobs.pipeline import build
 from sparkeos.jobs.runner import start_query
 from sparkeos.jobs.spec import JobError, load_job, parse_job
-from support.spark import create_topic, produce, read_committed, unique
+from sparkeos.verify import assert_exactly_once, read_records, read_values
+from support.spark import create_topic, produce, unique
 
 SCHEMA = "id INT, name STRING, identifyNumber STRING"
 
@@ -136,8 +137,8 @@ def test_dead_letter_policy_writes_original_bytes_with_headers(spark, broker, tm
     spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck"), window={"duration": "2 seconds"},
                          bad_records={"policy": "dead-letter", "topic": dead}))
     run_available_now(spark, spec)
-    assert Counter(read_committed(bootstrap, sink)) == expected_numbers(200)
-    letters = read_committed(bootstrap, dead, with_meta=True)
+    assert_exactly_once(expected_numbers(200), read_values(bootstrap, sink))
+    letters = read_records(bootstrap, dead)
     assert sorted(value for _, _, _, value, _ in letters) == sorted(v if isinstance(v, bytes) else v.encode()
                                                                     for v in BAD)
     for _partition, _offset, _key, _value, headers in letters:
@@ -156,7 +157,7 @@ def test_skip_policy_drops_bad_records_and_fail_policy_stops_the_job(spark, brok
     produce(bootstrap, source, people(100) + BAD)
     skip = parse_job(job(bootstrap, source, sink, str(tmp_path / "skip"), bad_records={"policy": "skip"}))
     run_available_now(spark, skip)
-    assert Counter(read_committed(bootstrap, sink)) == expected_numbers(100)
+    assert_exactly_once(expected_numbers(100), read_values(bootstrap, sink))
     failing_sink = create_topic(bootstrap, unique("out"))
     fail = parse_job(job(bootstrap, source, failing_sink, str(tmp_path / "fail"), bad_records={"policy": "fail"}))
     with pytest.raises(Exception, match=f"bad record at {source}-0 offset 10[01]: value is not valid"):
@@ -178,7 +179,7 @@ def test_python_transform_and_string_format(spark, broker, tmp_path):
         run_available_now(spark, spec)
     finally:
         sys.path.remove(str(tmp_path))
-    assert sorted(read_committed(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
+    assert sorted(read_values(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
 
 
 def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
@@ -225,11 +226,11 @@ def test_run_gives_up_after_the_restart_strategy_is_exhausted(broker, tmp_path):
 
 def test_avro_job_skip_and_fail_policies_on_corrupt_body_unknown_id_and_bad_utf8(spark, tmp_path):
     """The demo's record kinds through a job file: Confluent Avro read via the embedded registry."""
-    from sparkeos.broker import EmbeddedBroker
     from sparkeos.demo import PEOPLE_SCHEMA, corrupt_records, produce_people
+    from sparkeos.stack import LocalStack
 
-    with EmbeddedBroker(tmp_path / "broker", schema_registry_port=0) as broker:
-        bootstrap, registry = broker.bootstrap_servers, broker.schema_registry_url
+    with LocalStack(tmp_path / "broker", schema_registry=True) as stack:
+        bootstrap, registry = stack.bootstrap_servers, stack.schema_registry_url
         create_topic(bootstrap, "people", 2)
         generated = produce_people(bootstrap, registry, 300, seed=7, late_sentinel=False)
         assert generated.corrupt == len(corrupt_records(1)) == 5
@@ -238,7 +239,7 @@ def test_avro_job_skip_and_fail_policies_on_corrupt_body_unknown_id_and_bad_utf8
         skip = parse_job(job(bootstrap, "people", sink, str(tmp_path / "skip"), format=avro,
                              bad_records={"policy": "skip"}))
         run_available_now(spark, skip)
-        delivered = read_committed(bootstrap, sink)
+        delivered = read_values(bootstrap, sink)
         assert len(delivered) == generated.valid and all(len(v) == 18 for v in delivered)
         assert audit(spark, skip, bootstrap, "people", sink).exact
         fail = parse_job(job(bootstrap, "people", create_topic(bootstrap, unique("out")), str(tmp_path / "fail"),

@@ -22,8 +22,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
+from sparkeos.verify import READ_UNCOMMITTED, end_offsets
 from support.spark import unique
 
 JOB = Path(__file__).with_name("pipeline_job.py")
@@ -130,7 +131,8 @@ def pipeline_job_args(bootstrap: str, source: str, sink: str, checkpoint: Path, 
     return ["--bootstrap", bootstrap, "--source", source, "--sink", sink, "--checkpoint", str(checkpoint), *options]
 
 
-# A Python traceback's last line ("sparkeos.spark.sink.TransactionTimedOut: ..."), or any line naming an error class.
+# A Python traceback's last line ("sparkeos.spark.kafka.sink.protocol.TransactionTimedOut: ..."), or any line
+# naming an error class.
 EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*: |\b[A-Z]\w*(?:Error|Exception)\b(?:: |$)")
 
 
@@ -284,50 +286,22 @@ class InputFeeder(threading.Thread):
             raise AssertionError(f"the input feeder failed: {self.failure!r}") from self.failure
 
 
-def expected_output(numbers: list[int]) -> Counter:
-    """The stateless job's output for these inputs: numbers not divisible by 7, with '!' appended."""
+def job_output(numbers: list[int]) -> Counter:
+    """The stateless job's output for these inputs: numbers not divisible by 7, with '!' appended. Of the
+    feeder's committed numbers, what the output must hold exactly once; of its aborted ones, what it must never
+    hold (the feeder keeps multiples of 7 out of aborted transactions, so a leak would show)."""
     return Counter(f"{n}!".encode() for n in numbers if n % 7 != 0)
-
-
-def assert_output_exact(output: list[bytes], feeder: InputFeeder, report: str) -> None:
-    """The stateless job's output: every committed input once, nothing more, and no aborted input."""
-    leaked = {f"{n}!".encode() for n in feeder.aborted} & set(output)
-    assert not leaked, f"aborted input reached the output: {sorted(leaked)[:10]}\n{report}"
-    expected = expected_output(feeder.committed)
-    actual = Counter(output)
-    lost, duplicated = expected - actual, actual - expected
-    assert not lost and not duplicated, (
-        f"{sum(lost.values())} lost (e.g. {list(lost)[:5]}), {sum(duplicated.values())} extra "
-        f"(e.g. {list(duplicated)[:5]})\n{report}"
-    )
 
 
 # --- topics and checkpoint ----------------------------------------------------------------------
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int, read_committed: bool) -> dict[int, int]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("ends"),
-            "isolation.level": "read_committed" if read_committed else "read_uncommitted",
-        }
-    )
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
-def wait_until_stable(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.0) -> dict[int, int]:
+def wait_until_stable(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[int, int]:
     """Wait until no transaction is open on `topic` (last stable offset == high watermark everywhere)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        high = end_offsets(bootstrap, topic, partitions, read_committed=False)
-        stable = end_offsets(bootstrap, topic, partitions, read_committed=True)
+        high = end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED)
+        stable = end_offsets(bootstrap, topic)
         if stable == high:
             return high
         assert time.monotonic() < deadline, f"{topic} has transactions open for {timeout_s} s: {stable} < {high}"

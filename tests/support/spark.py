@@ -1,15 +1,17 @@
-"""Helpers for the Spark connector tests: a real local Spark session, real clients, independent readers."""
+"""Helpers for the Spark connector tests: a real local Spark session, topics, producers and failpoints.
+
+Output is read back and checked with sparkeos.verify, independently of the connector under test.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
@@ -100,49 +102,6 @@ def produce_transaction(bootstrap: str, topic: str, values: Iterable[bytes | str
     else:
         producer.flush(30)
         producer.abort_transaction(30)
-
-
-def read_committed(bootstrap: str, topic: str, timeout_s: float = 30.0, with_meta: bool = False) -> list:
-    """Every visible record of `topic` (all partitions, read_committed), read by an independent consumer."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": unique("audit"), "isolation.level": "read_committed",
-        "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-        "fetch.queue.backoff.ms": 10,  # librdkafka pauses fetching 1 s whenever 100,000 records wait in its queue
-    })
-    metadata = consumer.list_topics(topic, timeout=10)
-    partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-    if not partitions or metadata.topics[topic].error is not None:
-        consumer.close()
-        return []
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    # read until every partition reports EOF at its current last stable offset
-    ends = {}
-    for p in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-        ends[p] = high
-    pending = {p for p in partitions if ends[p] > 0}
-    records = []
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        for message in consumer.consume(500, 0.2):
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    if message.offset() >= ends[message.partition()]:
-                        pending.discard(message.partition())
-                    continue
-                raise AssertionError(message.error())
-            if with_meta:
-                records.append((message.partition(), message.offset(), message.key(), message.value(),
-                                message.headers()))
-            else:
-                records.append(message.value())
-    consumer.close()
-    assert not pending, f"reading {topic} timed out with partitions {pending} unfinished"
-    return records
-
-
-def counts(values: Iterable) -> Counter:
-    return Counter(values)
 
 
 def commit_sink_batch(writer, batch: int, query_id: str = "query") -> None:

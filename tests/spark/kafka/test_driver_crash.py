@@ -19,21 +19,21 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
-from sparkeos.spark.sink import MARKER_PARTITIONS
+from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
+from sparkeos.spark.kafka.sink.markers import MARKER_PARTITIONS
+from sparkeos.verify import READ_UNCOMMITTED, assert_exactly_once, end_offsets, read_values
 from support.crash import (
     Driver,
     InputFeeder,
-    assert_output_exact,
     batch_in_flight,
     caught_up,
     committed_batches,
-    end_offsets,
+    job_output,
     pipeline_job_args,
     planned_batches,
     wait_until_stable,
 )
-from support.spark import create_topic, read_committed, unique, wait_for
+from support.spark import create_topic, unique, wait_for
 
 CYCLES = 10  # driver kills: the crash proof calls for at least ten
 SOURCE_PARTITIONS = 3
@@ -111,7 +111,7 @@ def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: rand
 def run_until_caught_up(driver: Driver, run: int, checkpoint, bootstrap: str, source: str) -> None:
     driver.start(run)
     driver.wait_running(STARTUP_TIMEOUT_S)
-    ends = wait_until_stable(bootstrap, source, SOURCE_PARTITIONS)
+    ends = wait_until_stable(bootstrap, source)
     wait_for(
         lambda: caught_up(checkpoint, source, ends) or not driver.alive(),
         timeout_s=240,
@@ -163,7 +163,7 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
                     in_flight,
                     sum(1 for batch in markers.values() if in_flight is not None and batch == in_flight),
                     len(committed_batches(checkpoint)),
-                    sum(end_offsets(bootstrap, sink, SINK_PARTITIONS, False).values()),
+                    sum(end_offsets(bootstrap, sink, isolation_level=READ_UNCOMMITTED).values()),
                 )
             )
         feeder.stop()
@@ -172,8 +172,8 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
         feeder.stop_requested.set()
         driver.kill()
     # A killed driver's last transactions are aborted by the broker after kafka.transaction.timeout.ms.
-    wait_until_stable(bootstrap, sink, SINK_PARTITIONS)
-    output = read_committed(bootstrap, sink)
+    wait_until_stable(bootstrap, sink)
+    output = read_values(bootstrap, sink)
     elapsed = time.monotonic() - started
 
     mid_batch = [k for k in kills if k.batch_in_flight is not None]
@@ -190,7 +190,7 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
     )
     print(report)
 
-    assert_output_exact(output, feeder, report)
+    assert_exactly_once(job_output(feeder.committed), output, aborted=job_output(feeder.aborted), context=report)
     assert feeder.transactions["abort"] >= 3 and feeder.transactions["commit"] >= 3, report
     assert len(mid_batch) >= 3, f"too few kills hit a running batch\n{report}"
     assert grew >= 3, f"the query hardly made progress between kills\n{report}"

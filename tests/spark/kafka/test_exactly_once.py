@@ -1,4 +1,5 @@
-"""The exactly-once protocol of the sparkeos.kafka sink (stated in sparkeos/spark/sink.py), tested in one place.
+"""The exactly-once protocol of the sparkeos.kafka sink (stated in sparkeos/spark/kafka/sink/protocol.py), tested
+in one place.
 
 Real broker over TCP, real local Spark. Failures are injected at each step of the protocol; the query
 is then restarted from its checkpoint, and an independent read_committed consumer checks the output:
@@ -16,14 +17,14 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from pyspark.errors import StreamingQueryException
 
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
+from sparkeos.verify import assert_exactly_once, read_values
 from support.spark import (
     arm_failpoint,
     clear_failpoints,
     create_topic,
     fired,
     produce,
-    read_committed,
     unique,
     wait_for,
 )
@@ -98,7 +99,7 @@ def test_failure_inside_the_protocol_then_restart_is_exact(spark, broker, tmp_pa
     produce(bootstrap, source, [str(i) for i in range(1500)])
     arm_failpoint(failpoint)
     run_until_failure_then_restart(spark, bootstrap, source, sink, str(tmp_path / "ck"), failpoint)
-    assert Counter(read_committed(bootstrap, sink)) == expected_output(1500)
+    assert_exactly_once(expected_output(1500), read_values(bootstrap, sink))
 
 
 def test_query_started_at_latest_that_fails_on_its_first_records_restarts_exact(spark, broker, tmp_path):
@@ -123,7 +124,7 @@ def test_query_started_at_latest_that_fails_on_its_first_records_restarts_exact(
         query.processAllAvailable()
     finally:
         query.stop()
-    assert Counter(read_committed(bootstrap, sink)) == expected_output(300)
+    assert_exactly_once(expected_output(300), read_values(bootstrap, sink))
 
 
 def test_replayed_batch_is_skipped_by_every_task(spark, broker, tmp_path):
@@ -146,7 +147,7 @@ def test_replayed_batch_is_skipped_by_every_task(spark, broker, tmp_path):
     progress = [p for p in query.recentProgress if p["batchId"] == last]
     query.stop()
     assert progress and progress[0]["numInputRows"] > 0, "batch was not replayed"
-    assert Counter(read_committed(bootstrap, sink)) == expected_output(500)
+    assert_exactly_once(expected_output(500), read_values(bootstrap, sink))
 
 
 def test_marker_record_survives_when_group_offsets_are_gone(spark, broker, tmp_path):
@@ -172,7 +173,7 @@ def test_marker_record_survives_when_group_offsets_are_gone(spark, broker, tmp_p
     query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint), transactionalIdPrefix=prefix)
     query.processAllAvailable()
     query.stop()
-    assert Counter(read_committed(bootstrap, sink)) == expected_output(400)
+    assert_exactly_once(expected_output(400), read_values(bootstrap, sink))
 
 
 def test_zombie_producer_is_fenced_and_its_records_never_visible(spark, broker, tmp_path):
@@ -196,7 +197,7 @@ def test_zombie_producer_is_fenced_and_its_records_never_visible(spark, broker, 
     query.stop()
     with pytest.raises(KafkaException):
         zombie.commit_transaction(30)
-    assert Counter(read_committed(bootstrap, sink)) == expected_output(200)
+    assert_exactly_once(expected_output(200), read_values(bootstrap, sink))
 
 
 def test_no_record_is_written_outside_a_transaction(spark, broker, tmp_path):
@@ -217,7 +218,7 @@ def test_no_record_is_written_outside_a_transaction(spark, broker, tmp_path):
         writer = (batch.producer_id, batch.producer_epoch)
         assert any(m.base_offset > batch.base_offset and (m.producer_id, m.producer_epoch) == writer
                    for m in log if m.control), f"no marker ends the transaction of {writer} at {batch.base_offset}"
-    assert Counter(value for batch in data for value in batch.values) == expected_output(600)
+    assert_exactly_once(expected_output(600), [value for batch in data for value in batch.values])
 
 
 def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_path):
@@ -232,7 +233,7 @@ def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_pa
     query.stop()
     import json
 
-    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    markers = [json.loads(v) for v in read_values(bootstrap, DEFAULT_MARKER_TOPIC)]
     ours = [m for m in markers if m["transactional_id"].startswith(prefix)]
     assert {m["transactional_id"] for m in ours} <= {f"{prefix}-0", f"{prefix}-1"}
     assert {m["batch"] for m in ours} == batches
@@ -266,15 +267,15 @@ def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, t
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "DONE" in result.stdout, result.stderr[-3000:]
 
-    assert Counter(read_committed(bootstrap, files_sink)) == Counter(
-        f"file{f}-line{line}".encode() for f in range(7) for line in range(10))
+    assert_exactly_once((f"file{f}-line{line}".encode() for f in range(7) for line in range(10)),
+                        read_values(bootstrap, files_sink))
     epochs = data_epochs(bootstrap, files_sink)
     assert len(epochs) == 7, epochs  # a transaction per file, its records in one batch
     first = epochs[0]
     # Batches 0-4: one producer, through a restart. Batches 5-6: the id was initialised once more in between.
     assert epochs == [first] * 5 + [(first[0], first[1] + 2)] * 2, epochs
 
-    assert Counter(read_committed(bootstrap, pipeline_sink)) == Counter(str(i).encode() for i in range(600))
+    assert_exactly_once((str(i).encode() for i in range(600)), read_values(bootstrap, pipeline_sink))
     handed_over = data_epochs(bootstrap, pipeline_sink)
     assert len(set(handed_over)) >= 3, f"the sink's tasks did not change workers: {handed_over}"
     files_log, pipeline_log = result.stderr.split("PART 2\n")

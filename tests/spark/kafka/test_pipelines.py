@@ -9,7 +9,8 @@ from collections import Counter
 
 from confluent_kafka import Producer
 
-from support.spark import create_topic, produce, produce_transaction, read_committed, unique, wait_for
+from sparkeos.verify import assert_exactly_once, count_records, read_values
+from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
 WINDOW_MS = 20_000
 # An hour ago, on a window boundary: recent enough that retention.ms (by record timestamp) keeps it.
@@ -51,7 +52,7 @@ def test_stateless_stream_with_restart_and_aborted_input_is_exact(spark, broker,
     query.processAllAvailable()
     query.stop()
     expected = Counter(str(i * i).encode() for i in range(2100) if i % 3)
-    assert Counter(read_committed(bootstrap, sink)) == expected
+    assert_exactly_once(expected, read_values(bootstrap, sink))
 
 
 def test_stateless_batch_is_exact(spark, broker):
@@ -63,7 +64,7 @@ def test_stateless_batch_is_exact(spark, broker):
         .option("subscribe", source).load()
     map_and_filter(frame).write.format("sparkeos.kafka").mode("append") \
         .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).save()
-    assert Counter(read_committed(bootstrap, sink)) == Counter(str(i * i).encode() for i in range(700) if i % 3)
+    assert_exactly_once((str(i * i).encode() for i in range(700) if i % 3), read_values(bootstrap, sink))
 
 
 def produce_timed(bootstrap: str, topic: str, events: list[tuple[int, int]]) -> None:
@@ -118,9 +119,9 @@ def test_windows_with_watermark_emit_each_closed_window_once_across_a_restart(sp
     # Windows 0 and 1 are closed by the watermark (max event time - 5 s); window 2 is still open.
     # Spark emits them in the no-data batch that follows the watermark's advance.
     closed = expected_windows(events_for_windows(range(0, 2)))
-    wait_for(lambda: len(read_committed(bootstrap, sink)) >= len(closed), what="closed windows")
+    wait_for(lambda: count_records(bootstrap, sink) >= len(closed), what="closed windows")
     query.stop()
-    assert Counter(v.decode() for v in read_committed(bootstrap, sink)) == closed
+    assert_exactly_once(closed, [v.decode() for v in read_values(bootstrap, sink)])
     produce_timed(bootstrap, source, second)
     # A record far ahead moves the watermark past window 5; its own window stays open.
     produce_timed(bootstrap, source, [(BASE_MS + 100 * WINDOW_MS, 0)])
@@ -128,9 +129,9 @@ def test_windows_with_watermark_emit_each_closed_window_once_across_a_restart(sp
                          checkpoint)
     query.processAllAvailable()
     expected = expected_windows(first + second)
-    wait_for(lambda: len(read_committed(bootstrap, sink)) >= len(expected), what="all six windows")
+    wait_for(lambda: count_records(bootstrap, sink) >= len(expected), what="all six windows")
     query.stop()
-    assert Counter(v.decode() for v in read_committed(bootstrap, sink)) == expected
+    assert_exactly_once(expected, [v.decode() for v in read_values(bootstrap, sink)])
 
 
 def test_windows_in_batch_mode(spark, broker):
@@ -143,4 +144,4 @@ def test_windows_in_batch_mode(spark, broker):
         .option("subscribe", source).load()
     windowed_counts(frame, None).write.format("sparkeos.kafka").mode("append") \
         .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).save()
-    assert Counter(v.decode() for v in read_committed(bootstrap, sink)) == expected_windows(events)
+    assert_exactly_once(expected_windows(events), [v.decode() for v in read_values(bootstrap, sink)])

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sparkeos.broker import EmbeddedBroker
-from sparkeos.spark.options import DEFAULT_MARKER_TOPIC
+from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
+from sparkeos.verify import assert_exactly_once, count_records, read_records, read_values
 from support.crash import Driver, command_line, descendants, pipeline_job_args
 from support.spark import (
     CLIENT_CACHE_TIMEOUT_S,
@@ -23,7 +24,6 @@ from support.spark import (
     create_topic,
     fired,
     produce,
-    read_committed,
     unique,
     wait_for,
 )
@@ -76,8 +76,8 @@ def test_columns_key_topic_partition_headers_like_spark(spark, broker, tmp_path)
         ).alias("headers"),
     )
     run_to_end(frame, bootstrap, str(tmp_path / "ck"))
-    even_rows = read_committed(bootstrap, evens, with_meta=True)
-    odd_rows = read_committed(bootstrap, odds, with_meta=True)
+    even_rows = read_records(bootstrap, evens)
+    odd_rows = read_records(bootstrap, odds)
     assert sorted(int(v) for _, _, _, v, _ in even_rows) == list(range(0, 300, 2))
     assert sorted(int(v) for _, _, _, v, _ in odd_rows) == list(range(1, 300, 2))
     for partition, _offset, key, value, headers in even_rows + odd_rows:
@@ -98,7 +98,7 @@ def test_keyed_records_land_on_the_partition_the_java_client_would_choose(spark,
     (spark.createDataFrame(rows, "key binary, value binary").repartition(2).write.format("sparkeos.kafka")
      .option("kafka.bootstrap.servers", bootstrap).option("topic", sink).option("deliveryGuarantee", guarantee)
      .mode("append").save())
-    written = read_committed(bootstrap, sink, with_meta=True)
+    written = read_records(bootstrap, sink)
     assert sorted((key, value) for _, _, key, value, _ in written) == sorted(rows)
     assert {p for p, *_ in written} == set(range(5))
     for partition, _offset, key, _value, _headers in written:
@@ -115,8 +115,8 @@ def test_null_keys_stay_null_in_a_partition_of_only_null_keys_and_in_one_of_mixe
     frame = spark.sparkContext.parallelize(rows, 2).toDF("key binary, value binary")
     (frame.write.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
      .option("deliveryGuarantee", guarantee).mode("append").save())
-    written = read_committed(bootstrap, sink, with_meta=True)
-    assert Counter((key, value) for _, _, key, value, _ in written) == Counter(rows)
+    written = read_records(bootstrap, sink)
+    assert_exactly_once(rows, [(key, value) for _, _, key, value, _ in written])
 
 
 def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, broker, tmp_path):
@@ -130,8 +130,8 @@ def test_topic_option_is_the_default_and_a_missing_topic_is_an_error(spark, brok
     rows = stream_of(spark, bootstrap, routed).select(
         "value", F.when(number % 3 == 0, F.lit(named)).otherwise(F.lit(None).cast("string")).alias("topic"))
     run_to_end(rows, bootstrap, str(tmp_path / "routed"), topic=default)
-    assert sorted(int(v) for v in read_committed(bootstrap, named)) == list(range(0, 100, 3))
-    assert sorted(int(v) for v in read_committed(bootstrap, default)) == [i for i in range(100) if i % 3]
+    assert sorted(int(v) for v in read_values(bootstrap, named)) == list(range(0, 100, 3))
+    assert sorted(int(v) for v in read_values(bootstrap, default)) == [i for i in range(100) if i % 3]
 
     source = create_topic(bootstrap, unique("in"))
     produce(bootstrap, source, ["a"])
@@ -152,7 +152,7 @@ def test_missing_value_column_fails_before_anything_is_written(spark, broker, tm
              .option("topic", sink).option("checkpointLocation", str(tmp_path / "ck")).start())
     with pytest.raises(Exception, match="needs a 'value' column"):
         query.awaitTermination(60)
-    assert read_committed(bootstrap, sink) == []
+    assert read_values(bootstrap, sink) == []
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_bad_sink_options_fail_the_query_before_anything_is_written(spark, broke
     with pytest.raises(Exception, match=named):
         run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
                    topic=sink, **options)
-    assert read_committed(bootstrap, sink) == []
+    assert read_values(bootstrap, sink) == []
 
 
 def test_transaction_timeout_above_broker_maximum_fails_before_writing(spark, tmp_path):
@@ -190,7 +190,7 @@ def test_transaction_timeout_above_broker_maximum_fails_before_writing(spark, tm
         message = str(failure.value)
         assert "kafka.transaction.timeout.ms=60000" in message
         assert "transaction.max.timeout.ms=30000" in message
-        assert read_committed(bootstrap, sink) == []
+        assert read_values(bootstrap, sink) == []
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "none"])
@@ -201,12 +201,12 @@ def test_non_transactional_guarantees_deliver_everything_without_failures(spark,
     produce(bootstrap, source, [str(i) for i in range(500)])
     query = run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"),
                        topic=sink, deliveryGuarantee=guarantee)
-    assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(500))
+    assert_exactly_once((str(i).encode() for i in range(500)), read_values(bootstrap, sink))
     # Below any consumer: plain batches, no transaction, and no marker of a committed batch for this query.
     with WireClient(bootstrap) as wire:
         log = wire.log_batches(sink)
     assert log and not any(batch.transactional or batch.control for batch in log)
-    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    markers = [json.loads(v) for v in read_values(bootstrap, DEFAULT_MARKER_TOPIC)]
     assert not [m for m in markers if query.id in m["transactional_id"]]
 
 
@@ -228,8 +228,8 @@ def test_two_queries_writing_one_topic_never_share_transactional_ids(spark, brok
     for query in queries:
         query.stop()
     expected = Counter([f"a{i}".encode() for i in range(300)] + [f"b{i}".encode() for i in range(300)])
-    assert Counter(read_committed(bootstrap, sink)) == expected
-    markers = [json.loads(v) for v in read_committed(bootstrap, DEFAULT_MARKER_TOPIC)]
+    assert_exactly_once(expected, read_values(bootstrap, sink))
+    markers = [json.loads(v) for v in read_values(bootstrap, DEFAULT_MARKER_TOPIC)]
     prefixes = {m["transactional_id"].rsplit("-", 1)[0] for m in markers}
     assert prefixes == {f"sparkeos-{query_id}" for query_id in ids}
 
@@ -248,7 +248,7 @@ def test_a_transactional_id_prefix_reused_with_a_new_checkpoint_writes_every_bat
         expected.update(v.encode() for v in values)
         run_to_end(stream_of(spark, bootstrap, source, maxOffsetsPerTrigger="100").select("value"), bootstrap,
                    str(tmp_path / run), topic=sink, transactionalIdPrefix=prefix)
-    assert Counter(read_committed(bootstrap, sink)) == expected
+    assert_exactly_once(expected, read_values(bootstrap, sink))
 
 
 def kafka_client_threads_of_python_workers() -> dict[int, int]:
@@ -272,7 +272,7 @@ def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broke
     sink = create_topic(bootstrap, unique("out"))
     produce(bootstrap, source, [str(i) for i in range(200)])
     run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"), topic=sink)
-    assert Counter(read_committed(bootstrap, sink)) == Counter(str(i).encode() for i in range(200))
+    assert_exactly_once((str(i).encode() for i in range(200)), read_values(bootstrap, sink))
     workers = kafka_client_threads_of_python_workers()
     holders = [pid for pid, threads in workers.items() if threads]
     assert holders, f"no Python worker holds a cached client after the query (librdkafka threads by worker: {workers})"
@@ -297,14 +297,14 @@ def test_batch_write_is_exactly_once_per_write(spark, broker):
     frame.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
         .option("topic", sink).save()
     expected = Counter(str(i).encode() for i in range(400) if i % 4)
-    assert Counter(read_committed(bootstrap, sink)) == expected
+    assert_exactly_once(expected, read_values(bootstrap, sink))
     with pytest.raises(Exception, match="appends to Kafka"):
         frame.write.format("sparkeos.kafka").mode("overwrite").option("kafka.bootstrap.servers", bootstrap) \
             .option("topic", sink).save()
     # A second write is a second write: Spark's batch semantics, not a replay.
     frame.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
         .option("topic", sink).save()
-    assert Counter(read_committed(bootstrap, sink)) == expected + expected
+    assert_exactly_once(expected + expected, read_values(bootstrap, sink))
 
 
 def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, broker):
@@ -312,8 +312,9 @@ def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, b
     whose first run committed: the marker decides, not the attempt number."""
     import pyarrow as pa
 
-    from sparkeos.spark.options import parse_sink_options
-    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+    from sparkeos.spark.kafka.options import parse_sink_options
+    from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
+    from sparkeos.spark.kafka.sink.writers import KafkaBatchWriter
 
     bootstrap = broker.bootstrap_servers
     sink = create_topic(bootstrap, unique("out"))
@@ -329,7 +330,7 @@ def test_a_batch_write_task_run_again_as_a_first_attempt_writes_nothing(spark, b
                     for _ in range(2))
     assert (first.records, first.skipped) == (50, False)
     assert (again.records, again.skipped) == (50, True)
-    assert Counter(read_committed(bootstrap, sink)) == Counter(values)
+    assert_exactly_once(values, read_values(bootstrap, sink))
 
 
 def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark, broker):
@@ -341,8 +342,9 @@ def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark,
 
     import pyarrow as pa
 
-    from sparkeos.spark.options import parse_sink_options
-    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+    from sparkeos.spark.kafka.options import parse_sink_options
+    from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
+    from sparkeos.spark.kafka.sink.writers import KafkaBatchWriter
 
     bootstrap = broker.bootstrap_servers
     sink = create_topic(bootstrap, unique("out"))
@@ -362,7 +364,7 @@ def test_a_task_outliving_the_transaction_timeout_fails_naming_the_option(spark,
 
     with pytest.raises(Exception, match=r"longer than option 'kafka.transaction.timeout.ms' \(1000 ms\)"):
         spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
-    assert read_committed(bootstrap, sink) == []
+    assert read_values(bootstrap, sink) == []
 
 
 def test_input_read_ahead_while_the_writer_is_set_up_is_written_whole_and_in_order(spark, broker):
@@ -370,8 +372,9 @@ def test_input_read_ahead_while_the_writer_is_set_up_is_written_whole_and_in_ord
 
     import pyarrow as pa
 
-    from sparkeos.spark.options import parse_sink_options
-    from sparkeos.spark.sink import KafkaBatchWriter, prepare_exactly_once
+    from sparkeos.spark.kafka.options import parse_sink_options
+    from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
+    from sparkeos.spark.kafka.sink.writers import KafkaBatchWriter
 
     bootstrap = broker.bootstrap_servers
     sink = create_topic(bootstrap, unique("out"))
@@ -389,7 +392,7 @@ def test_input_read_ahead_while_the_writer_is_set_up_is_written_whole_and_in_ord
 
     [commit] = spark.sparkContext.parallelize([0], 1).mapPartitions(write_partition).collect()
     assert commit.records == 2000
-    assert read_committed(bootstrap, sink) == [b"%d-%d" % (i, j) for i in range(40) for j in range(50)]
+    assert read_values(bootstrap, sink) == [b"%d-%d" % (i, j) for i in range(40) for j in range(50)]
 
 
 def test_input_failing_while_the_writer_is_set_up_fails_the_task_at_once(spark):
@@ -399,8 +402,8 @@ def test_input_failing_while_the_writer_is_set_up_fails_the_task_at_once(spark):
 
     import pyarrow as pa
 
-    from sparkeos.spark.options import parse_sink_options
-    from sparkeos.spark.sink import KafkaBatchWriter
+    from sparkeos.spark.kafka.options import parse_sink_options
+    from sparkeos.spark.kafka.sink.writers import KafkaBatchWriter
 
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -470,8 +473,8 @@ def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path, failp
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     expected = Counter(str(i).encode() for i in range(300))
-    assert Counter(read_committed(bootstrap, sink + "-batch")) == expected
-    assert Counter(read_committed(bootstrap, sink + "-stream")) == expected
+    assert_exactly_once(expected, read_values(bootstrap, sink + "-batch"))
+    assert_exactly_once(expected, read_values(bootstrap, sink + "-stream"))
 
 
 def test_unreachable_broker_is_a_clear_error_after_a_bounded_wait(spark, broker, tmp_path):
@@ -500,7 +503,7 @@ def test_batches_larger_than_the_producer_queue(spark, broker, tmp_path, guarant
     produce(bootstrap, source, [str(i) for i in range(2000)])
     run_to_end(stream_of(spark, bootstrap, source).select("value"), bootstrap, str(tmp_path / "ck"), topic=sink,
                deliveryGuarantee=guarantee, **{"kafka.queue.buffering.max.messages": "50"})
-    assert read_committed(bootstrap, sink) == [str(i).encode() for i in range(2000)]  # one partition in, one out
+    assert read_values(bootstrap, sink) == [str(i).encode() for i in range(2000)]  # one partition in, one out
 
 
 # --- the driver's report of each batch -----------------------------------------------------------------------------
@@ -510,8 +513,9 @@ REPORT_SCRIPT = textwrap.dedent(
     import logging, sys
     if sys.argv[1] == "configured":  # as Spark's worker logging does it: a handler on the root logger, at WARNING
         logging.basicConfig(level=logging.WARNING, format="CONFIGURED %(levelname)s %(name)s %(message)s")
-    from sparkeos.spark.options import parse_sink_options
-    from sparkeos.spark.sink import KafkaStreamWriter, SinkCommit
+    from sparkeos.spark.kafka.options import parse_sink_options
+    from sparkeos.spark.kafka.sink.reports import SinkCommit
+    from sparkeos.spark.kafka.sink.writers import KafkaStreamWriter
     writer = KafkaStreamWriter(parse_sink_options({"kafka.bootstrap.servers": "127.0.0.1:9", "topic": "t"}), 1)
     writer.commit([SinkCommit(0, 7, 20, False, "p-0"), SinkCommit(1, 7, 5, True, "p-1")], 7)
     writer.abort([SinkCommit(0, 8, 20, False, "p-0"), None], 8)
@@ -577,7 +581,7 @@ def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, 
         assert driver.alive(), driver.error_tail()
         batches = [batch for batch, _ in reported()]
         assert len(batches) == len(set(batches)), f"a batch reported twice: {batches}"
-        assert len(read_committed(bootstrap, sink)) == kept
+        assert count_records(bootstrap, sink) == kept
 
         arm_failpoint("sink.before_commit")
         produce(bootstrap, source, ["601"])
