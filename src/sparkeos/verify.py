@@ -86,7 +86,19 @@ def _consumer(bootstrap: str, isolation_level: str, config: Mapping[str, Any] | 
 
 
 def _ends(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, int]:
-    """Each partition's end as `consumer` reaches it; none for a topic that does not exist."""
+    """Each partition's end as `consumer` reaches it; none for a topic that does not exist. A request that fails
+    on a connection the broker or a network closed is asked again until `timeout_s` runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _ends_once(consumer, topic, max(deadline - time.monotonic(), 0.5))
+        except KafkaException as exc:
+            if exc.args[0].code() not in _TRANSIENT_ERRORS or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.1)
+
+
+def _ends_once(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, int]:
     metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if metadata is None:
         return {}
