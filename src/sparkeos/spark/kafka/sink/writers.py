@@ -15,9 +15,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from ... import failpoints
 from ...gc_pause import cyclic_gc_paused
+from ...reports import report, report_level
 from ..options import SinkOptions
 from .protocol import write_exactly_once
-from .reports import SinkCommit, report, report_commit, report_level
+from .reports import SinkCommit, report_commit
 from .without_transactions import write_without_transactions
 
 
