@@ -1,0 +1,346 @@
+"""Two-phase commit for Spark sinks: Flink's ``TwoPhaseCommitSinkFunction`` on Spark's Python Data Source API.
+
+A sink implements :class:`TwoPhaseCommitSink` (where its transactions live and how one is begun, written,
+pre-committed, committed and aborted, plus a :class:`DecisionLog`); :class:`TwoPhaseCommitStreamWriter` and
+:class:`TwoPhaseCommitBatchWriter` run the protocol below for it. ``sparkeos.files`` is built on it.
+
+Invariant
+---------
+For every micro-batch B of a query Q, the transactions that become visible are exactly those named by one
+decision "Q's batch B commits handles H", which is made durable before any of them is committed and never
+changes afterwards. Every other transaction pre-committed for B (failed, retried and speculative task attempts,
+and every attempt of a replay of B that Spark runs after B was decided) is aborted, never committed.
+
+Protocol
+--------
+Tasks, once per attempt of (B, partition p), on an executor:
+
+1. ``begin_transaction``: open a transaction private to this attempt (a staged file, a database transaction).
+2. ``invoke``: write the task's rows into it.
+3. ``pre_commit``: make it durable but invisible, and return its :class:`Handle`, which reaches the driver in the
+   task's commit message. An error in 1-3 aborts the attempt's transaction and fails the task; Spark retries it.
+
+The driver, in ``commit(messages, B)`` once every task of B succeeded:
+
+4. Recover: finish every decision of Q that is not finished (a crash between steps 5 and 7 left it so).
+5. Decide: if B already has a decision (Spark replays a batch it had not logged as committed when the driver
+   died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``.
+6. Commit every handle of the decision. A commit is idempotent: after a crash it is repeated, and finds done what
+   was done.
+7. Mark the decision finished, then abort every transaction of Q the sink still holds for a batch <= B that no
+   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), and
+   forget decisions older than ``RETAINED_DECISIONS`` batches.
+
+``abort(messages, B)``, which Spark calls when a task or the driver's commit failed, aborts the handles of
+``messages`` unless a decision names them: a commit that failed after step 5 must leave its handles for step 4.
+
+Why this is exactly once: only a decision publishes, a batch is decided once, and its handles are committed
+until done (steps 4-6), whichever driver gets there; Spark re-runs B from its checkpointed input until B is in
+its commit log, which Spark writes only after ``commit(messages, B)`` returned, so step 7 has happened by then.
+What it needs from a sink: pre-committed work that survives the task and the driver (a file, a prepared database
+transaction), a commit and an abort that can be repeated, and a decision log whose ``record`` is atomic.
+
+Batch writes (``df.write``) run the same protocol with B = 0 and Q a write id drawn once per write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from . import failpoints
+from .reports import log, report, report_level
+
+RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
+
+Transaction = TypeVar("Transaction")
+
+
+@dataclass(frozen=True)
+class TaskAttempt:
+    """Where a task's transaction belongs: query, batch, Spark partition, and an id unique to this attempt."""
+
+    query: str
+    batch: int
+    partition: int
+    attempt: str
+
+    @property
+    def handle_id(self) -> str:
+        return f"{self.batch}-{self.partition}-{self.attempt}"
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A pre-committed transaction: ``id`` names it among the sink's pending ones, ``data`` is what its commit needs
+    (JSON-serialisable), ``records`` how many rows it holds."""
+
+    id: str
+    batch: int
+    partition: int
+    records: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "batch": self.batch, "partition": self.partition, "records": self.records,
+                "data": self.data}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Handle:
+        return cls(value["id"], int(value["batch"]), int(value["partition"]), int(value.get("records", 0)),
+                   dict(value.get("data") or {}))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """"Batch ``batch`` of ``query`` commits ``handles``": once recorded, final."""
+
+    query: str
+    batch: int
+    handles: tuple[Handle, ...]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"query": self.query, "batch": self.batch,
+                           "handles": [h.to_json() for h in self.handles]}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Decision:
+        value = json.loads(data)
+        return cls(value["query"], int(value["batch"]), tuple(Handle.from_json(h) for h in value["handles"]))
+
+
+class DecisionLog(ABC):
+    """The durable record of one query's decisions."""
+
+    @abstractmethod
+    def read(self, batch: int) -> Decision | None:
+        """The decision of ``batch``, if one was recorded (and not forgotten)."""
+
+    @abstractmethod
+    def record(self, decision: Decision) -> None:
+        """Make ``decision`` durable, atomically: after a crash it is either wholly there or absent."""
+
+    @abstractmethod
+    def unfinished(self) -> list[Decision]:
+        """Recorded decisions not yet marked finished, oldest first."""
+
+    @abstractmethod
+    def finish(self, batch: int) -> None:
+        """Mark the decision of ``batch`` finished: every handle of it is committed."""
+
+    @abstractmethod
+    def forget_before(self, batch: int) -> None:
+        """Drop finished decisions of batches below ``batch``."""
+
+
+class TwoPhaseCommitSink(ABC, Generic[Transaction]):
+    """What a sink implements. Instances are pickled to executors: keep them small, open connections lazily."""
+
+    # --- executor side ---
+
+    @abstractmethod
+    def begin_transaction(self, task: TaskAttempt) -> Transaction:
+        """Open a transaction private to this task attempt."""
+
+    @abstractmethod
+    def invoke(self, transaction: Transaction, rows: pa.RecordBatch) -> None:
+        """Write ``rows`` into the transaction."""
+
+    @abstractmethod
+    def pre_commit(self, transaction: Transaction, task: TaskAttempt) -> Handle:
+        """Make the transaction durable but invisible; return the handle the driver commits or aborts."""
+
+    def abort_transaction(self, transaction: Transaction) -> None:  # noqa: B027 - optional for a sink
+        """Discard a transaction whose task failed before ``pre_commit`` returned (best effort)."""
+
+    # --- driver side ---
+
+    @abstractmethod
+    def commit(self, handle: Handle) -> None:
+        """Make a pre-committed transaction visible. Idempotent: done again after a crash, it changes nothing."""
+
+    @abstractmethod
+    def abort(self, query: str, handle_id: str) -> None:
+        """Discard a pre-committed transaction. Idempotent; a transaction that is gone is no error."""
+
+    @abstractmethod
+    def pending(self, query: str) -> Iterable[tuple[str, int]]:
+        """The (handle id, batch) of every transaction of ``query`` the sink holds pre-committed or abandoned."""
+
+    @abstractmethod
+    def decision_log(self, query: str) -> DecisionLog:
+        """Where the decisions of ``query`` are recorded."""
+
+    def describe(self) -> str:
+        """How the driver's reports name this sink."""
+        return type(self).__name__
+
+
+class PreCommitted(WriterCommitMessage):
+    """A task's commit message: its handle, or none when it had no rows."""
+
+    def __init__(self, query: str, batch: int, partition: int, handle: Handle | None):
+        self.query = query
+        self.batch = batch
+        self.partition = partition
+        self.handle = handle
+
+
+def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAttempt:
+    """This task's place: Spark's query id and batch id unless given, its partition, a fresh attempt id."""
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("a two-phase-commit task runs inside a Spark task")
+    if query is None:
+        query = context.getLocalProperty("sql.streaming.queryId")
+        if not query:
+            raise RuntimeError("no streaming query id in the task's context")
+    if batch is None:
+        batch = int(context.getLocalProperty("streaming.sql.batchId") or 0)
+    return TaskAttempt(query, batch, context.partitionId(), uuid.uuid4().hex[:12])
+
+
+def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
+    """Steps 1-3 for one task attempt."""
+    transaction = None
+    try:
+        for rows in batches:
+            if rows.num_rows == 0:
+                continue
+            if transaction is None:
+                # 1. begin, at the first row: a task without rows holds no transaction at all.
+                transaction = sink.begin_transaction(task)
+            # 2. invoke
+            sink.invoke(transaction, rows)
+        if transaction is None:
+            return PreCommitted(task.query, task.batch, task.partition, None)
+        # 3. pre-commit
+        handle = sink.pre_commit(transaction, task)
+    except BaseException:
+        if transaction is not None:
+            try:
+                sink.abort_transaction(transaction)
+            except Exception:  # the task's own error is the one to report
+                log.exception("aborting the transaction of task %s failed", task.handle_id)
+        raise
+    failpoints.fire("2pc.task_pre_committed")
+    return PreCommitted(task.query, task.batch, task.partition, handle)
+
+
+def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> Decision:
+    """Steps 4-7 for batch ``batch`` of ``query``; returns the decision that holds."""
+    decisions = sink.decision_log(query)
+    # 4. Recover: finish what an earlier commit decided and did not finish.
+    for unfinished in decisions.unfinished():
+        if unfinished.batch != batch:
+            _finish(sink, decisions, unfinished)
+    # 5. Decide, unless this batch was decided before.
+    decision = decisions.read(batch)
+    if decision is None:
+        decision = Decision(query, batch, tuple(sorted(handles, key=lambda h: h.partition)))
+        if handles:  # a batch without rows has nothing to publish, and its replay has none either
+            decisions.record(decision)
+    # 6. and 7. Commit every handle, mark the decision finished, abort the rest.
+    if decision.handles:
+        failpoints.fire("2pc.decided")
+        _finish(sink, decisions, decision)
+    named = {h.id for d in decisions.unfinished() for h in d.handles}
+    for handle_id, handle_batch in list(sink.pending(query)):
+        if handle_batch <= batch and handle_id not in named:
+            sink.abort(query, handle_id)
+    decisions.forget_before(batch - RETAINED_DECISIONS + 1)
+    return decision
+
+
+def _finish(sink: TwoPhaseCommitSink, decisions: DecisionLog, decision: Decision) -> None:
+    for number, handle in enumerate(decision.handles):
+        if number == 1:
+            failpoints.fire("2pc.between_commits")
+        sink.commit(handle)
+    failpoints.fire("2pc.committed")
+    decisions.finish(decision.batch)
+
+
+def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> int:
+    """Abort the handles no decision names; returns how many were aborted."""
+    decision = sink.decision_log(query).read(batch)
+    named = {h.id for h in decision.handles} if decision else set()
+    aborted = 0
+    for handle in handles:
+        if handle.id not in named:
+            sink.abort(query, handle.id)
+            aborted += 1
+    return aborted
+
+
+def _handles(messages: list) -> list[Handle]:
+    return [m.handle for m in messages if isinstance(m, PreCommitted) and m.handle is not None]
+
+
+def _query_of(messages: list) -> str | None:
+    return next((m.query for m in messages if isinstance(m, PreCommitted)), None)
+
+
+def _summary(sink: TwoPhaseCommitSink, decision: Decision, handles: list[Handle]) -> str:
+    records = sum(h.records for h in decision.handles)
+    text = (f"batch {decision.batch} committed ({sink.describe()}): {len(decision.handles)} transactions, "
+            f"{records} records")
+    if decision.handles and {h.id for h in handles}.isdisjoint(h.id for h in decision.handles):
+        text += "; it had been decided before, so this run's transactions were aborted"
+    return text
+
+
+class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
+    """Spark's stream writer for a :class:`TwoPhaseCommitSink`."""
+
+    def __init__(self, sink: TwoPhaseCommitSink):
+        report_level()  # a bad SPARKEOS_LOG_LEVEL fails the query at its start, not at its first commit
+        self.sink = sink
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
+        return write_task(self.sink, task_attempt(), iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        query = _query_of(messages)
+        if query is None:
+            return
+        handles = _handles(messages)
+        decision = commit_batch(self.sink, query, batchId, handles)
+        report(logging.INFO, _summary(self.sink, decision, handles))
+
+    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        query = _query_of(messages)
+        aborted = abort_batch(self.sink, query, batchId, _handles(messages)) if query else 0
+        report(logging.WARNING, f"batch {batchId} aborted by Spark: {aborted} pre-committed transactions aborted; "
+                                "Spark re-runs the batch")
+
+
+class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
+    """Spark's batch writer (``df.write``) for a :class:`TwoPhaseCommitSink`: one write is one batch, numbered 0,
+    of a query named by a write id drawn on the driver."""
+
+    def __init__(self, sink: TwoPhaseCommitSink):
+        report_level()
+        self.sink = sink
+        self.query = f"write-{uuid.uuid4().hex[:16]}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
+        return write_task(self.sink, task_attempt(self.query, 0), iterator)
+
+    def commit(self, messages: list) -> None:
+        handles = _handles(messages)
+        decision = commit_batch(self.sink, self.query, 0, handles)
+        report(logging.INFO, _summary(self.sink, decision, handles))
+
+    def abort(self, messages: list) -> None:
+        aborted = abort_batch(self.sink, self.query, 0, _handles(messages))
+        report(logging.WARNING, f"write {self.query} aborted by Spark: {aborted} pre-committed transactions aborted")

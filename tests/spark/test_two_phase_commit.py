@@ -1,0 +1,263 @@
+"""The invariant of `sparkeos.spark.two_phase_commit` (stated in its module docstring), tested in one place.
+
+A small directory-based sink runs the protocol under a stand-in for Spark's micro-batch loop: tasks are retried
+when they fail, a speculative copy of a task pre-commits beside it, Spark's commit log is written only after the
+sink's commit returns, and a crash anywhere makes the loop start again from its first batch not in that log. A
+crash is injected at every step the sink and its decision log take, one run per step; after each run every record
+is published exactly once, nothing pre-committed is left pending, and no record was ever published twice, checked
+at every step of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sparkeos.spark.two_phase_commit import (
+    Decision,
+    DecisionLog,
+    Handle,
+    PreCommitted,
+    TaskAttempt,
+    TwoPhaseCommitSink,
+    abort_batch,
+    commit_batch,
+    write_task,
+)
+
+BATCHES = 4
+PARTITIONS = 3
+
+
+class Crash(Exception):
+    """The process running the step died."""
+
+
+class Steps:
+    """Counts the sink's steps; raises Crash at the step numbered `crash_at` and checks the published output at
+    every step."""
+
+    def __init__(self, root: Path, crash_at: int | None):
+        self.root = root
+        self.crash_at = crash_at
+        self.count = 0
+        self.names: list[str] = []
+
+    def __call__(self, name: str) -> None:
+        duplicated = [record for record, n in Counter(published(self.root)).items() if n > 1]
+        assert not duplicated, f"published twice before step {self.count} ({name}): {duplicated[:5]}"
+        self.names.append(name)
+        self.count += 1
+        if self.count == self.crash_at:
+            raise Crash(name)
+
+
+def published(root: Path) -> list[str]:
+    return [record for path in sorted((root / "published").glob("*.json")) for record in json.loads(path.read_text())]
+
+
+class DirectorySink(TwoPhaseCommitSink[dict]):
+    """Pre-committed transactions are JSON files under pending/; a commit moves one to published/, under its
+    handle id, so a second commit of the same task's rows would show as duplicated records."""
+
+    def __init__(self, root: Path, step: Steps):
+        self.root = root
+        self.step = step
+        (root / "pending").mkdir(parents=True, exist_ok=True)
+        (root / "published").mkdir(exist_ok=True)
+
+    def begin_transaction(self, task: TaskAttempt) -> dict:
+        self.step("begin_transaction")
+        return {"rows": []}
+
+    def invoke(self, transaction: dict, rows) -> None:
+        self.step("invoke")
+        transaction["rows"].extend(rows.column(0).to_pylist())
+
+    def pre_commit(self, transaction: dict, task: TaskAttempt) -> Handle:
+        self.step("pre_commit")
+        directory = self.root / "pending" / task.query
+        directory.mkdir(exist_ok=True)
+        (directory / f"{task.handle_id}.json").write_text(json.dumps(transaction["rows"]))
+        return Handle(task.handle_id, task.batch, task.partition, len(transaction["rows"]))
+
+    def commit(self, handle: Handle) -> None:
+        self.step("commit")
+        staged = next((self.root / "pending").glob(f"*/{handle.id}.json"), None)
+        final = self.root / "published" / f"{handle.id}.json"
+        if staged is None:
+            assert final.exists(), f"handle {handle.id} is neither pending nor published"
+            return
+        staged.rename(final)
+
+    def abort(self, query: str, handle_id: str) -> None:
+        self.step("abort")
+        (self.root / "pending" / query / f"{handle_id}.json").unlink(missing_ok=True)
+
+    def pending(self, query: str) -> list[tuple[str, int]]:
+        self.step("pending")
+        return [(p.stem, int(p.stem.split("-")[0])) for p in (self.root / "pending" / query).glob("*.json")]
+
+    def decision_log(self, query: str) -> DecisionLog:
+        return DirectoryDecisionLog(self.root / "decisions" / query, self.step)
+
+
+class DirectoryDecisionLog(DecisionLog):
+    def __init__(self, directory: Path, step: Steps):
+        self.directory = directory
+        self.step = step
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def read(self, batch: int) -> Decision | None:
+        self.step("read_decision")
+        path = self.directory / f"{batch}.decision"
+        return Decision.from_bytes(path.read_bytes()) if path.exists() else None
+
+    def record(self, decision: Decision) -> None:
+        self.step("record_decision")
+        temporary = self.directory / f"{decision.batch}.tmp"
+        temporary.write_bytes(decision.to_bytes())
+        temporary.rename(self.directory / f"{decision.batch}.decision")
+
+    def unfinished(self) -> list[Decision]:
+        self.step("unfinished")
+        batches = sorted(int(p.stem) for p in self.directory.glob("*.decision"))
+        return [Decision.from_bytes((self.directory / f"{b}.decision").read_bytes()) for b in batches
+                if not (self.directory / f"{b}.finished").exists()]
+
+    def finish(self, batch: int) -> None:
+        self.step("finish")
+        (self.directory / f"{batch}.finished").touch()
+
+    def forget_before(self, batch: int) -> None:
+        self.step("forget_before")
+        for path in self.directory.glob("*.finished"):
+            if int(path.stem) < batch:
+                (self.directory / f"{path.stem}.decision").unlink()
+                path.unlink()
+
+
+def rows_of(batch: int, partition: int):
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"v": [f"{batch}/{partition}/{i}" for i in range(batch + partition)]})
+
+
+def expected() -> Counter:
+    return Counter(f"{b}/{p}/{i}" for b in range(BATCHES) for p in range(PARTITIONS) for i in range(b + p))
+
+
+def run_task(sink: DirectorySink, query: str, batch: int, partition: int) -> PreCommitted:
+    """A task as Spark runs it: retried after a failure (a crashed executor), up to four attempts."""
+    for attempt in range(4):
+        task = TaskAttempt(query, batch, partition, uuid.uuid4().hex[:8])
+        try:
+            return write_task(sink, task, iter([rows_of(batch, partition)]))
+        except Crash:
+            if attempt == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
+def run_query(root: Path, crash_at: int | None, abort_on_crash: bool = False) -> Steps:
+    """Micro-batches 0..BATCHES-1 as Spark runs them, restarted from its commit log after a driver crash. With
+    `abort_on_crash` the crash is an error Spark sees (as an armed failpoint raises): Spark aborts the batch
+    first."""
+    query = "q-1"
+    spark_commit_log: set[int] = set()
+    step = Steps(root, crash_at)
+    for _restart in range(BATCHES + 2):
+        sink = DirectorySink(root, step)
+        try:
+            for batch in range(BATCHES):
+                if batch in spark_commit_log:
+                    continue
+                messages = [run_task(sink, query, batch, p) for p in range(PARTITIONS)]
+                # A speculative copy of partition 0 that finished second: Spark drops its message.
+                write_task(sink, TaskAttempt(query, batch, 0, "spec"), iter([rows_of(batch, 0)]))
+                handles = [m.handle for m in messages if m.handle is not None]
+                try:
+                    commit_batch(sink, query, batch, handles)
+                except Crash:
+                    if abort_on_crash:
+                        abort_batch(sink, query, batch, handles)
+                    raise
+                spark_commit_log.add(batch)
+            return step
+        except Crash:
+            continue
+    raise AssertionError("the query did not finish")
+
+
+def assert_exact(root: Path) -> None:
+    assert Counter(published(root)) == expected()
+    assert list((root / "pending" / "q-1").glob("*.json")) == [], "pre-committed transactions left pending"
+    unfinished = [p for p in (root / "decisions" / "q-1").glob("*.decision")
+                  if not p.with_suffix(".finished").exists()]
+    assert unfinished == []
+
+
+def test_a_run_without_crashes_publishes_every_record_once(tmp_path: Path) -> None:
+    step = run_query(tmp_path, crash_at=None)
+    assert_exact(tmp_path)
+    assert {"begin_transaction", "pre_commit", "record_decision", "commit", "finish", "abort"} <= set(step.names)
+
+
+@pytest.mark.parametrize("abort_on_crash", [False, True], ids=["killed", "failed-and-aborted"])
+def test_a_crash_at_any_step_leaves_every_record_published_exactly_once(tmp_path: Path, abort_on_crash: bool) -> None:
+    total = run_query(tmp_path / "clean", crash_at=None).count
+    crashed_at = Counter()
+    for crash_at in range(1, total + 1):
+        root = tmp_path / f"crash-{crash_at}"
+        step = run_query(root, crash_at, abort_on_crash)
+        crashed_at[step.names[crash_at - 1]] += 1
+        assert_exact(root)
+    assert set(crashed_at) >= {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision",
+                               "commit", "finish", "abort", "pending", "unfinished"}
+
+
+def test_a_batch_decided_before_a_crash_is_finished_with_its_own_handles_not_the_replays(tmp_path: Path) -> None:
+    step = Steps(tmp_path, None)
+    sink = DirectorySink(tmp_path, step)
+    first = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
+    sink.decision_log("q-1").record(Decision("q-1", 0, tuple(h for h in first if h)))  # then the driver died
+    replay = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
+    decision = commit_batch(sink, "q-1", 0, [h for h in replay if h])
+    assert {h.id for h in decision.handles} == {h.id for h in first if h}
+    assert sorted(p.stem for p in (tmp_path / "published").glob("*.json")) == sorted(h.id for h in first if h)
+    assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+
+
+def test_abort_keeps_the_handles_a_decision_names(tmp_path: Path) -> None:
+    sink = DirectorySink(tmp_path, Steps(tmp_path, None))
+    handles = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
+    handles = [h for h in handles if h]
+    sink.decision_log("q-1").record(Decision("q-1", 0, tuple(handles)))
+    assert abort_batch(sink, "q-1", 0, handles) == 0
+    assert len(list((tmp_path / "pending" / "q-1").glob("*.json"))) == len(handles)
+    commit_batch(sink, "q-1", 1, [])
+    assert len(published(tmp_path)) == sum(h.records for h in handles)
+
+
+@pytest.mark.parametrize("failing", ["begin_transaction", "invoke", "pre_commit"])
+def test_a_task_that_fails_before_its_pre_commit_leaves_nothing(tmp_path: Path, failing: str) -> None:
+    class FailingSink(DirectorySink):
+        def abort_transaction(self, transaction: dict) -> None:
+            transaction["aborted"] = True
+
+    step = Steps(tmp_path, None)
+    sink = FailingSink(tmp_path, step)
+    original = getattr(sink, failing)
+
+    def fail(*args):
+        original(*args)
+        raise RuntimeError(f"{failing} failed")
+
+    setattr(sink, failing, fail)
+    with pytest.raises(RuntimeError, match=f"{failing} failed"):
+        write_task(sink, TaskAttempt("q-1", 0, 0, "a"), iter([rows_of(0, 1)]))
+    assert not list((tmp_path / "published").glob("*"))
