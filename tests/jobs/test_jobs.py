@@ -75,7 +75,7 @@ BAD = ["{broken json", b"\xff\xfe\xfd"]
         ({"window": {"duration": "20 s", "time": "event"}}, "window.watermark: is required for event-time"),
         ({"window": {"duration": "20 s", "watermark": "5 s"}}, "window: watermark and column apply to event-time"),
         ({"window": {"duration": "20 s"}, "trigger": "5 s"}, "trigger: a processing-time window is one micro-batch"),
-        ({"sink": {"format": "delta"}}, "sink.format: must be sparkeos.kafka or one of"),
+        ({"sink": {"format": "delta"}}, "sink.format: must be sparkeos.kafka, sparkeos.files or one of"),
         ({"sink": {"deliveryGuarantee": "twice", "topic": "t"}}, "sink: option 'deliveryGuarantee' must be one of"),
         ({"sink": {"format": "parquet"}}, "sink.path: is required"),
         ({"sink": {"format": "parquet", "path": "/x", "topic": "t"}}, "topic and deliveryGuarantee apply to Kafka"),
@@ -259,3 +259,44 @@ def test_file_sink_job_writes_the_transformed_rows(spark, broker, tmp_path):
     written = spark.read.json(str(tmp_path / "out"))
     assert sorted(r["identifyNumber"] for r in written.collect()) == sorted(
         v.decode() for v in expected_numbers(60).elements())
+
+
+# --- the sparkeos.files sink --------------------------------------------------------------------
+
+
+def test_a_job_writing_to_sparkeos_files_is_audited_by_reading_its_directory(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), 2)
+    produce(bootstrap, source, people(120))
+    path = tmp_path / "people"
+    spec = parse_job(job(bootstrap, source, "unused", str(tmp_path / "ck"), output={},
+                         sink={"format": "sparkeos.files", "path": str(path), "partitionBy": ["name_length"],
+                               "options": {"format": "json"}},
+                         transforms=[{"sql": "SELECT id, identifyNumber, length(name) AS name_length FROM input "
+                                             "WHERE length(identifyNumber) = 18"}]))
+    assert spec.sink.options["partitionBy"] == '["name_length"]'
+    run_available_now(spark, spec)
+    assert {p.name for p in path.iterdir() if not p.name.startswith("_")} == {"name_length=2", "name_length=3",
+                                                                             "name_length=4"}
+    report = audit(spark, spec, bootstrap, source)
+    assert report.exact and report.output.delivered == 90
+    extra = path / "name_length=2" / "part-extra.json"
+    extra.write_text('{"id": 1, "identifyNumber": "000000000000000001"}\n')
+    report = audit(spark, spec, bootstrap, source)
+    assert not report.exact and report.output.duplicated == 1
+
+
+@pytest.mark.parametrize(
+    ("sink", "named"),
+    [
+        ({"format": "sparkeos.files"}, "sink.path: is required"),
+        ({"format": "sparkeos.files", "path": "/tmp/x", "options": {"format": "avro"}}, "option 'format' must be"),
+        ({"format": "sparkeos.files", "path": "/tmp/x", "partitionBy": [1]}, "sink.partitionBy: must be a list"),
+        ({"format": "parquet", "path": "/tmp/x", "partitionBy": ["a"]}, "sink.partitionBy: applies to"),
+        ({"format": "sparkeos.files", "path": "/tmp/x", "options": {"compresion": "gzip"}}, "did you mean"),
+    ],
+)
+def test_bad_file_sink_fields_are_named(sink, named):
+    document = job("b:1", "in", "out", "/tmp/ck", sink=sink)
+    with pytest.raises(JobError, match=named.replace("(", r"\(")):
+        parse_job(document)

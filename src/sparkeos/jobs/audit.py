@@ -1,6 +1,7 @@
 """`sparkeos audit`: compare what a job wrote with what its definition says it should have written.
 
-Both topics are read with read_committed. The expected output is the job's own transformation run
+Both topics are read with read_committed (a `sparkeos.files` sink's directory with Spark's batch reader, as any
+reader would list it). The expected output is the job's own transformation run
 in batch mode over the whole input; the comparison is of multisets of record values, so the audit
 finds lost records (missing), records written twice (duplicated) and records that should not exist
 (unexpected, e.g. from aborted transactions leaking). Event-time windows still open at the end of
@@ -15,8 +16,9 @@ from datetime import timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ..spark.files.options import parse_file_sink_options
 from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
-from .spec import JobSpec
+from .spec import EXACT_FILE_SINK, JobSpec
 
 SAMPLES = 5
 # An audit prints a table: Spark's stage progress bars would be drawn through it.
@@ -94,6 +96,8 @@ def compare(expected: DataFrame, actual: DataFrame) -> Comparison:
 def _show(value) -> str:
     if value is None:
         return "null"
+    if isinstance(value, str):
+        return repr(value)
     data = bytes(value)
     try:
         return repr(data.decode())
@@ -101,22 +105,49 @@ def _show(value) -> str:
         return data.hex()
 
 
-def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, output_topic: str,
+def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, output: str | None = None,
           dead_letter_topic: str | None = None) -> AuditReport:
-    if not spec.sink.is_kafka:
-        raise ValueError("sparkeos audit compares Kafka topics; this job writes to a file sink")
+    """`output` is the output topic of a Kafka sink, or the directory of a `sparkeos.files` sink (default: the
+    job's `sink.path`)."""
     audited = _with_bootstrap(spec, bootstrap)
     frames = build(spark, audited, batch=True, input_topic=input_topic)
+    if spec.sink.format == EXACT_FILE_SINK:
+        options = {**spec.sink.options, **({"path": output} if output else {})}
+        return AuditReport(compare(row_values(frames.output), row_values(read_directory(spark, options))), None)
+    if not spec.sink.is_kafka:
+        raise ValueError(f"sparkeos audit compares Kafka topics and {EXACT_FILE_SINK} directories; this job writes "
+                         f"with Spark's {spec.sink.format} sink, exact only for readers of its _spark_metadata")
+    if not output:
+        raise ValueError("the output topic is required to audit a Kafka sink")
+    output_topic = output
     expected_output = expected_rows(frames, audited).where(
         F.col("topic") == F.lit(audited.sink.options["topic"])).select("value")
-    output = compare(expected_output, read_topic_values(spark, bootstrap, output_topic))
+    compared = compare(expected_output, read_topic_values(spark, bootstrap, output_topic))
     dead_letter = None
     dead_letter_topic = dead_letter_topic or audited.bad_records.topic
     if audited.bad_records.policy == "dead-letter" and dead_letter_topic:
         expected_bad = frames.bad.select(F.col("kafka.value").alias("value")) if frames.bad is not None else None
         if expected_bad is not None:
             dead_letter = compare(expected_bad, read_topic_values(spark, bootstrap, dead_letter_topic))
-    return AuditReport(output, dead_letter)
+    return AuditReport(compared, dead_letter)
+
+
+def read_directory(spark: SparkSession, options: dict[str, str]) -> DataFrame:
+    """A `sparkeos.files` directory as a plain reader sees it: Spark's batch reader lists it (skipping `_`-prefixed
+    paths) with Hive partition discovery; no log of the sink's is consulted."""
+    parsed = parse_file_sink_options(options)
+    reader = spark.read.format(parsed.format)
+    if parsed.format == "csv":
+        reader = reader.option("header", str(parsed.header).lower()).option("inferSchema", "true")
+    return reader.load(parsed.path)
+
+
+def row_values(frame: DataFrame) -> DataFrame:
+    """Each row as one comparable value: its columns by name, as strings, in JSON (a partition column read back
+    from a directory name has an inferred type, so types are not compared)."""
+    columns = sorted(frame.columns)
+    return frame.select(F.to_json(F.struct(*[F.col(f"`{c}`").cast("string").alias(c) for c in columns]))
+                        .alias("value"))
 
 
 def expected_rows(frames: JobFrames, spec: JobSpec) -> DataFrame:

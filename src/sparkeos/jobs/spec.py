@@ -22,10 +22,12 @@
       value: identifyNumber       # SQL expression (default: to_json(struct(*)))
       key: null                   # SQL expression (default: the window end for windowed jobs, else none)
     sink:
-      format: sparkeos.kafka      # or a Spark file format: parquet | json | csv | orc
+      format: sparkeos.kafka      # or sparkeos.files, or a Spark file format: parquet | json | csv | orc
       topic: out                  # kafka: default topic; files: use path
       deliveryGuarantee: exactly_once
-      options: {}                 # more sink options (kafka.* and the like)
+      # path: /data/people        # sparkeos.files and Spark's file formats
+      # partitionBy: [country]    # sparkeos.files: Hive-style directories
+      options: {}                 # more sink options (kafka.*; sparkeos.files: format, compression, header)
     checkpoint: /var/lib/sparkeos/people-etl
     trigger: 5 seconds
     restart: {strategy: fixed-delay, attempts: 3, delay: 10 seconds}
@@ -42,11 +44,13 @@ from typing import Any
 
 import yaml
 
+from ..spark.files.options import FileSinkOptionError, parse_file_sink_options
 from ..spark.kafka.options import parse_sink_options, parse_source_options
 from ..spark.options import OptionError, duration_s
 
 FORMATS = ("string", "json", "avro")
-FILE_SINKS = ("parquet", "json", "csv", "orc")
+FILE_SINKS = ("parquet", "json", "csv", "orc")  # Spark's own file sink, exact for readers of _spark_metadata
+EXACT_FILE_SINK = "sparkeos.files"
 POLICIES = ("fail", "skip", "dead-letter")
 WINDOW_TIMES = ("processing", "event")
 
@@ -337,13 +341,15 @@ def _parse_window(fields: _Fields, value: Any) -> WindowSpec | None:
 
 
 def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec:
-    spec = fields.mapping(value, "sink", {"format", "topic", "path", "deliveryGuarantee", "options"})
+    spec = fields.mapping(value, "sink", {"format", "topic", "path", "deliveryGuarantee", "partitionBy", "options"})
     if not spec:
         raise fields.fail("sink", "is required")
     sink_format = (fields.text(spec.get("format"), "sink.format") or "sparkeos.kafka").lower()
-    if sink_format not in ("sparkeos.kafka", *FILE_SINKS):
-        raise fields.fail("sink.format",
-                          f"must be sparkeos.kafka or one of {', '.join(FILE_SINKS)} (got {sink_format!r})")
+    if sink_format not in ("sparkeos.kafka", EXACT_FILE_SINK, *FILE_SINKS):
+        raise fields.fail("sink.format", f"must be sparkeos.kafka, {EXACT_FILE_SINK} or one of "
+                                         f"{', '.join(FILE_SINKS)} (got {sink_format!r})")
+    if spec.get("partitionBy") is not None and sink_format != EXACT_FILE_SINK:
+        raise fields.fail("sink.partitionBy", f"applies to the {EXACT_FILE_SINK} sink")
     extra = spec.get("options") or {}
     if not isinstance(extra, dict):
         raise fields.fail("sink.options", "must be a mapping")
@@ -366,7 +372,22 @@ def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec
         if spec.get("topic") is not None or spec.get("deliveryGuarantee") is not None:
             raise fields.fail("sink", f"topic and deliveryGuarantee apply to Kafka sinks, not {sink_format}")
         options["path"] = fields.text(spec.get("path"), "sink.path", required=True) or ""
+        if sink_format == EXACT_FILE_SINK:
+            _check_file_sink(fields, spec.get("partitionBy"), options)
     return SinkSpec(sink_format, options)
+
+
+def _check_file_sink(fields: _Fields, partition_by: Any, options: dict[str, str]) -> None:
+    if partition_by is not None:
+        if isinstance(partition_by, str):
+            partition_by = [name.strip() for name in partition_by.split(",")]
+        if not isinstance(partition_by, list) or not all(isinstance(name, str) for name in partition_by):
+            raise fields.fail("sink.partitionBy", "must be a list of column names")
+        options["partitionBy"] = json.dumps(partition_by)
+    try:
+        parse_file_sink_options(options)
+    except FileSinkOptionError as exc:
+        raise fields.fail("sink", str(exc)) from None
 
 
 def _parse_bad_records(fields: _Fields, value: Any, sink: SinkSpec) -> BadRecordSpec:

@@ -1,0 +1,35 @@
+"""The `sparkeos.files` data source: an exactly-once file sink whose output any directory reader can trust."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceWriter
+from pyspark.sql.types import StructType
+
+from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter
+from .options import check_input_schema, parse_file_sink_options
+from .sink import FileSink
+
+
+class FilesDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "sparkeos.files"
+
+    def schema(self) -> StructType:
+        raise ValueError("sparkeos.files is a sink: read its directory with any reader (spark.read.parquet(path), "
+                         "pyarrow.dataset, DuckDB, pandas)")
+
+    def _sink(self, schema: StructType) -> FileSink:
+        options = parse_file_sink_options(self.options)
+        check_input_schema(schema, options)
+        sink = FileSink(options)
+        sink.prepare()
+        return sink
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise ValueError("the sparkeos.files sink adds files to its directory; use mode('append'), not overwrite")
+        return TwoPhaseCommitBatchWriter(self._sink(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
+        return TwoPhaseCommitStreamWriter(self._sink(schema))

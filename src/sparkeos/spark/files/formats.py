@@ -1,0 +1,97 @@
+"""Writing Arrow record batches as one parquet, JSON-lines or CSV file."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+EXTENSIONS = {"parquet": ".parquet", "json": ".json", "csv": ".csv"}
+CODEC_EXTENSIONS = {"gzip": ".gz", "bz2": ".bz2", "zstd": ".zst", "lz4": ".lz4"}
+
+
+def file_extension(file_format: str, codec: str | None) -> str:
+    """`.parquet` whatever its codec (as Spark's readers expect); `.json.gz` and the like for stream codecs."""
+    if file_format == "parquet" or codec is None:
+        return EXTENSIONS[file_format]
+    return EXTENSIONS[file_format] + CODEC_EXTENSIONS[codec]
+
+
+class FormatWriter:
+    """One output file: ``write`` record batches of ``schema``, then ``close``."""
+
+    def __init__(self, stream: pa.NativeFile, schema: pa.Schema, file_format: str, codec: str | None, header: bool):
+        self.records = 0
+        self._raw = stream
+        if file_format == "parquet":
+            self._stream = stream
+            self._parquet = pq.ParquetWriter(stream, schema, compression=codec or "none")
+        else:
+            self._stream = pa.CompressedOutputStream(stream, codec) if codec else stream
+            self._parquet = None
+        self._csv = (pa_csv.CSVWriter(self._stream, schema, write_options=pa_csv.WriteOptions(include_header=header))
+                     if file_format == "csv" else None)
+
+    def write(self, rows: pa.RecordBatch) -> None:
+        self.records += rows.num_rows
+        if self._parquet is not None:
+            self._parquet.write_batch(rows)
+        elif self._csv is not None:
+            self._csv.write_batch(rows)
+        else:
+            self._stream.write(json_lines(rows))
+
+    def close(self) -> None:
+        if self._parquet is not None:
+            self._parquet.close()
+        elif self._csv is not None:
+            self._csv.close()
+        if self._stream is not self._raw:
+            self._stream.close()
+        if not self._raw.closed:
+            self._raw.close()
+
+
+def json_lines(rows: pa.RecordBatch) -> bytes:
+    """One JSON object per row, as Spark's JSON writer writes them: null fields left out, binary in base64,
+    timestamps in ISO 8601, decimals as numbers."""
+    names = rows.schema.names
+    columns = [column.to_pylist() for column in rows.columns]
+    lines = []
+    for index in range(rows.num_rows):
+        fields = [f"{json.dumps(name)}:{_json(column[index])}" for name, column in zip(names, columns, strict=True)
+                  if column[index] is not None]
+        lines.append("{" + ",".join(fields) + "}\n")
+    return "".join(lines).encode()
+
+
+def _json(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool | int | str):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return json.dumps(value) if math.isfinite(value) else json.dumps(str(value))
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return json.dumps(base64.b64encode(value).decode())
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC)
+        return json.dumps(value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z")
+    if isinstance(value, datetime.date):
+        return json.dumps(value.isoformat())
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list) and value and isinstance(value[0], tuple):  # a map: (key, value) pairs
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_json(v)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json(v) for v in value) + "]"
+    return json.dumps(str(value))

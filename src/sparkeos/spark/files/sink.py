@@ -1,0 +1,304 @@
+"""The `sparkeos.files` sink: files in a directory that any reader lists, published by two-phase commit.
+
+Layout of ``path``::
+
+    path/k=v/part-<batch>-<partition>-<query>.parquet      published files (Hive-style directories with partitionBy)
+    path/_sparkeos/<query>/staging/<batch>-<partition>-<attempt>/<n>.inprogress     pre-committed, invisible
+    path/_sparkeos/<query>/decisions/<batch>.decision, <batch>.finished           the decision log
+
+A task writes one staged file per partitionBy directory it has rows for, under ``_sparkeos`` with a name that
+ends in no format's extension: directory readers skip ``_``-prefixed paths (pyarrow, pandas, Spark), and a glob
+such as DuckDB's ``**/*.parquet``, which does not, matches no staged file. A commit moves each staged file to its
+final name: a rename on a file system that has one (local, HDFS: atomic, so a reader sees the whole file or
+none), a copy and then a delete on an object store (S3: the object appears whole at once). Both are repeatable: a
+staged file that is gone means its move was done, provided its final file is there. Final names depend only on
+the query, batch and partition, so a repeated commit rewrites the same file with the same bytes, never adds one.
+The protocol (decisions, recovery) is `sparkeos.spark.two_phase_commit`'s.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from .. import failpoints
+from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
+from .formats import FormatWriter, file_extension
+from .options import FileSinkOptions
+
+CONTROL_DIR = "_sparkeos"
+STAGED_SUFFIX = ".inprogress"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+# The characters Spark escapes in a partition directory's value (ExternalCatalogUtils.escapePathName).
+_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(0x20)}
+
+
+def file_system(path: str, s3: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system for ``path`` (a local path, or a URI: file://, s3://, s3a://, hdfs://...), and the path
+    within it. ``s3`` holds Hadoop's `fs.s3a.*` settings for S3 and S3-compatible stores."""
+    if "://" not in path:
+        return pafs.LocalFileSystem(), posixpath.abspath(path)
+    if path.startswith("s3a://"):
+        path = "s3://" + path[len("s3a://"):]
+    if path.startswith("s3://") and s3:
+        return _s3_file_system(s3), path[len("s3://"):].rstrip("/")
+    fs, base = pafs.FileSystem.from_uri(path)
+    return fs, base.rstrip("/")
+
+
+def _s3_file_system(s3: dict[str, str]) -> pafs.S3FileSystem:
+    settings: dict = {}
+    endpoint = s3.get("fs.s3a.endpoint")
+    scheme = "https" if s3.get("fs.s3a.connection.ssl.enabled", "true").lower() == "true" else "http"
+    if endpoint:
+        if "://" in endpoint:
+            scheme, endpoint = endpoint.split("://", 1)
+        settings["endpoint_override"] = endpoint.rstrip("/")
+    settings["scheme"] = scheme
+    for option, argument in (("fs.s3a.endpoint.region", "region"), ("fs.s3a.access.key", "access_key"),
+                             ("fs.s3a.secret.key", "secret_key"), ("fs.s3a.session.token", "session_token")):
+        if option in s3:
+            settings[argument] = s3[option]
+    return pafs.S3FileSystem(**settings)
+
+
+def escape_partition_value(value) -> str:
+    if value is None:
+        return HIVE_NULL
+    text = value.isoformat(sep=" ") if hasattr(value, "isoformat") and not isinstance(value, str) else str(value)
+    if text == "":
+        return HIVE_NULL
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in text)
+
+
+@dataclass
+class StagedFiles:
+    """A task attempt's transaction: its open files, one per partitionBy directory."""
+
+    task: TaskAttempt
+    directory: str
+    writers: dict[str, FormatWriter] = field(default_factory=dict)
+    staged: dict[str, str] = field(default_factory=dict)  # partition directory -> staged file
+
+
+class FileSink(TwoPhaseCommitSink[StagedFiles]):
+    def __init__(self, options: FileSinkOptions):
+        self.options = options
+        self._fs: tuple[pafs.FileSystem, str] | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None}  # file system clients do not travel; each process opens its own
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return self._resolved()[0]
+
+    @property
+    def root(self) -> str:
+        return self._resolved()[1]
+
+    def _resolved(self) -> tuple[pafs.FileSystem, str]:
+        if self._fs is None:
+            self._fs = file_system(self.options.path, dict(self.options.s3))
+        return self._fs
+
+    def describe(self) -> str:
+        return f"sparkeos.files {self.options.format} at {self.options.path}"
+
+    def _query_dir(self, query: str) -> str:
+        return f"{self.root}/{CONTROL_DIR}/{query}"
+
+    def _staging_dir(self, query: str) -> str:
+        return f"{self._query_dir(query)}/staging"
+
+    def prepare(self) -> None:
+        """On the driver before the query writes: ``path`` must be a directory we can write in."""
+        info = self.fs.get_file_info(self.root)
+        if info.type == pafs.FileType.File:
+            raise FileSinkPathError(f"path {self.options.path!r} of the sparkeos.files sink is a file, not a directory")
+        probe = f"{self.root}/{CONTROL_DIR}/.probe-{uuid.uuid4().hex[:8]}"
+        try:
+            self.fs.create_dir(f"{self.root}/{CONTROL_DIR}", recursive=True)
+            with self.fs.open_output_stream(probe) as stream:
+                stream.write(b"")
+            self.fs.delete_file(probe)
+        except (OSError, pa.ArrowException) as error:
+            raise FileSinkPathError(f"path {self.options.path!r} of the sparkeos.files sink cannot be written: "
+                                    f"{error}") from error
+
+    # --- executor side ---
+
+    def begin_transaction(self, task: TaskAttempt) -> StagedFiles:
+        directory = f"{self._staging_dir(task.query)}/{task.handle_id}"
+        self.fs.create_dir(directory, recursive=True)
+        return StagedFiles(task, directory)
+
+    def invoke(self, transaction: StagedFiles, rows: pa.RecordBatch) -> None:
+        for partition_dir, part in self._split(rows):
+            writer = transaction.writers.get(partition_dir)
+            if writer is None:
+                staged = f"{transaction.directory}/{len(transaction.staged)}{STAGED_SUFFIX}"
+                writer = FormatWriter(self.fs.open_output_stream(staged), part.schema, self.options.format,
+                                      self.options.codec, self.options.header)
+                transaction.writers[partition_dir] = writer
+                transaction.staged[partition_dir] = staged
+            writer.write(part)
+
+    def _split(self, rows: pa.RecordBatch) -> Iterable[tuple[str, pa.RecordBatch]]:
+        columns = self.options.partition_by
+        if not columns:
+            return [("", rows)]
+        data = rows.drop_columns(list(columns))
+        keys = list(zip(*(rows.column(name).to_pylist() for name in columns), strict=True))
+        groups: dict[tuple, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key, []).append(index)
+        parts = []
+        for key, indices in groups.items():
+            directory = "/".join(f"{quote_name(name)}={escape_partition_value(value)}"
+                                 for name, value in zip(columns, key, strict=True))
+            parts.append((directory, data.take(pa.array(indices, pa.int64()))))
+        return parts
+
+    def pre_commit(self, transaction: StagedFiles, task: TaskAttempt) -> Handle:
+        records = 0
+        for writer in transaction.writers.values():
+            writer.close()  # the bytes are in the staged file; nothing is visible yet
+            records += writer.records
+        name = f"part-{task.batch:05d}-{task.partition:05d}-{task.query}"
+        extension = file_extension(self.options.format, self.options.codec)
+        files = []
+        for partition_dir, staged in sorted(transaction.staged.items()):
+            final = f"{partition_dir}/{name}{extension}" if partition_dir else f"{name}{extension}"
+            files.append([self._relative(staged), final])
+        return Handle(task.handle_id, task.batch, task.partition, records, {"files": files})
+
+    def abort_transaction(self, transaction: StagedFiles) -> None:
+        for writer in transaction.writers.values():
+            try:
+                writer.close()
+            except Exception:  # a half-written file is deleted below whatever state it is in
+                pass
+        self.fs.delete_dir(transaction.directory)
+
+    def _relative(self, path: str) -> str:
+        return path[len(self.root) + 1:]
+
+    # --- driver side ---
+
+    def commit(self, handle: Handle) -> None:
+        for number, (staged, final) in enumerate(handle.data["files"]):
+            if number == 1:
+                failpoints.fire("files.between_renames")
+            self._publish(f"{self.root}/{staged}", f"{self.root}/{final}")
+        staging = f"{self.root}/{posixpath.dirname(handle.data['files'][0][0])}" if handle.data["files"] else None
+        if staging and self.fs.get_file_info(staging).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(staging)
+
+    def _publish(self, staged: str, final: str) -> None:
+        staged_info, final_info = self.fs.get_file_info([staged, final])
+        if staged_info.type == pafs.FileType.NotFound:
+            if final_info.type == pafs.FileType.File:
+                return  # moved by an earlier commit of this handle
+            raise FileSinkCommitError(f"neither the staged file {staged} nor the published file {final} exists: "
+                                      "the staged file was removed by something other than this sink")
+        parent = posixpath.dirname(final)
+        if parent != self.root:
+            self.fs.create_dir(parent, recursive=True)
+        if self.fs.type_name == "s3":
+            # S3 has no rename: an object copied under its final name appears whole, and the copy can be repeated.
+            self.fs.copy_file(staged, final)
+            self.fs.delete_file(staged)
+        else:
+            self.fs.move(staged, final)
+
+    def abort(self, query: str, handle_id: str) -> None:
+        directory = f"{self._staging_dir(query)}/{handle_id}"
+        if self.fs.get_file_info(directory).type != pafs.FileType.NotFound:
+            self.fs.delete_dir(directory)
+
+    def pending(self, query: str) -> list[tuple[str, int]]:
+        selector = pafs.FileSelector(self._staging_dir(query), allow_not_found=True)
+        found = []
+        for info in self.fs.get_file_info(selector):
+            batch = info.base_name.split("-", 1)[0]
+            if info.type == pafs.FileType.Directory and batch.isdigit():
+                found.append((info.base_name, int(batch)))
+        return found
+
+    def decision_log(self, query: str) -> DecisionLog:
+        return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions")
+
+
+def quote_name(name: str) -> str:
+    return quote(name, safe=" ")
+
+
+class FileSinkPathError(ValueError):
+    """The sink's path cannot hold its output."""
+
+
+class FileSinkCommitError(RuntimeError):
+    """A pre-committed file is missing when the driver commits it."""
+
+
+class FileDecisionLog(DecisionLog):
+    """Decisions as files beside the staging area: ``<batch>.decision`` (written under a temporary name and moved,
+    so it is whole or absent; a single PUT on S3) and an empty ``<batch>.finished`` once its files are published."""
+
+    def __init__(self, fs: pafs.FileSystem, directory: str):
+        self.fs = fs
+        self.directory = directory
+
+    def _path(self, batch: int, kind: str) -> str:
+        return f"{self.directory}/{batch}.{kind}"
+
+    def read(self, batch: int) -> Decision | None:
+        try:
+            with self.fs.open_input_stream(self._path(batch, "decision")) as stream:
+                return Decision.from_bytes(stream.read())
+        except FileNotFoundError:
+            return None
+
+    def record(self, decision: Decision) -> None:
+        self.fs.create_dir(self.directory, recursive=True)
+        final = self._path(decision.batch, "decision")
+        if self.fs.type_name == "s3":
+            self._write(final, decision.to_bytes())
+            return
+        temporary = f"{self.directory}/.{decision.batch}.decision-{uuid.uuid4().hex[:8]}"
+        self._write(temporary, decision.to_bytes())
+        self.fs.move(temporary, final)
+
+    def _write(self, path: str, data: bytes) -> None:
+        with self.fs.open_output_stream(path) as stream:
+            stream.write(data)
+
+    def _batches(self) -> dict[str, set[int]]:
+        kinds: dict[str, set[int]] = {"decision": set(), "finished": set()}
+        for info in self.fs.get_file_info(pafs.FileSelector(self.directory, allow_not_found=True)):
+            batch, _, kind = info.base_name.partition(".")
+            if batch.isdigit() and kind in kinds:
+                kinds[kind].add(int(batch))
+        return kinds
+
+    def unfinished(self) -> list[Decision]:
+        kinds = self._batches()
+        decisions = (self.read(batch) for batch in sorted(kinds["decision"] - kinds["finished"]))
+        return [decision for decision in decisions if decision is not None]
+
+    def finish(self, batch: int) -> None:
+        self._write(self._path(batch, "finished"), b"")
+
+    def forget_before(self, batch: int) -> None:
+        kinds = self._batches()
+        for old in sorted(kinds["finished"]):
+            if old < batch:
+                self.fs.delete_file(self._path(old, "decision"))
+                self.fs.delete_file(self._path(old, "finished"))
