@@ -58,6 +58,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from . import failpoints
+from .gc_pause import cyclic_gc_paused
 from .reports import log, report, report_level
 
 RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
@@ -307,7 +308,8 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         self.sink = sink
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
-        return write_task(self.sink, task_attempt(), iterator)
+        with cyclic_gc_paused():
+            return write_task(self.sink, task_attempt(), iterator)
 
     def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         query = _query_of(messages)
@@ -334,7 +336,8 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
         self.query = f"write-{uuid.uuid4().hex[:16]}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
-        return write_task(self.sink, task_attempt(self.query, 0), iterator)
+        with cyclic_gc_paused():
+            return write_task(self.sink, task_attempt(self.query, 0), iterator)
 
     def commit(self, messages: list) -> None:
         handles = _handles(messages)

@@ -13,6 +13,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 EXTENSIONS = {"parquet": ".parquet", "json": ".json", "csv": ".csv"}
+# Spark hands a writer small Arrow batches; a parquet row group per batch would make files larger and slower to
+# write and to read, so batches are gathered into row groups of about this many rows.
+ROW_GROUP_ROWS = 1 << 17
 CODEC_EXTENSIONS = {"gzip": ".gz", "bz2": ".bz2", "zstd": ".zst", "lz4": ".lz4"}
 
 
@@ -28,6 +31,8 @@ class FormatWriter:
 
     def __init__(self, stream: pa.NativeFile, schema: pa.Schema, file_format: str, codec: str | None, header: bool):
         self.records = 0
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
         self._raw = stream
         if file_format == "parquet":
             self._stream = stream
@@ -41,14 +46,23 @@ class FormatWriter:
     def write(self, rows: pa.RecordBatch) -> None:
         self.records += rows.num_rows
         if self._parquet is not None:
-            self._parquet.write_batch(rows)
+            self._pending.append(rows)
+            self._pending_rows += rows.num_rows
+            if self._pending_rows >= ROW_GROUP_ROWS:
+                self._write_row_group()
         elif self._csv is not None:
             self._csv.write_batch(rows)
         else:
             self._stream.write(json_lines(rows))
 
+    def _write_row_group(self) -> None:
+        self._parquet.write_table(pa.Table.from_batches(self._pending), row_group_size=self._pending_rows)
+        self._pending, self._pending_rows = [], 0
+
     def close(self) -> None:
         if self._parquet is not None:
+            if self._pending:
+                self._write_row_group()
             self._parquet.close()
         elif self._csv is not None:
             self._csv.close()
