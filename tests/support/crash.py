@@ -25,10 +25,11 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets
-from support.spark import unique
+from support.spark import unique, wait_for
 
 JOB = Path(__file__).with_name("pipeline_job.py")
 TAG_VARIABLE = "SPARKEOS_CRASH_TAG"
+STARTUP_TIMEOUT_S = 240  # a driver's start on a loaded machine: JVM, session, the query's first plan
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -131,6 +132,12 @@ def pipeline_job_args(bootstrap: str, source: str, sink: str, checkpoint: Path, 
     return ["--bootstrap", bootstrap, "--source", source, "--sink", sink, "--checkpoint", str(checkpoint), *options]
 
 
+def file_pipeline_job_args(bootstrap: str, source: str, path: Path, checkpoint: Path, *options: str) -> list[str]:
+    """Command-line arguments of tests/support/pipeline_job.py writing to the sparkeos.files sink at `path`."""
+    return ["--bootstrap", bootstrap, "--source", source, "--sink-path", str(path), "--checkpoint", str(checkpoint),
+            *options]
+
+
 # A Python traceback's last line ("sparkeos.spark.kafka.sink.protocol.TransactionTimedOut: ..."), or any line
 # naming an error class.
 EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)+[A-Z]\w*: |\b[A-Z]\w*(?:Error|Exception)\b(?:: |$)")
@@ -210,6 +217,80 @@ class Driver:
         kill_tree(self.process.pid)
         self.process.wait(30)
         wait_until_no_tagged_processes(self.tag)
+
+    def kill_when(self, moment, timeout_s: float = STARTUP_TIMEOUT_S, delay_s: float = 0.0) -> None:
+        """A driver crash `delay_s` after `moment()` turned true (or the driver died). The process tree is listed
+        beforehand, so that the kill follows the moment at once; whatever started since is killed right after."""
+        pids, groups = process_tree(self.process.pid)
+        wait_for(lambda: moment() or not self.alive(), timeout_s=timeout_s, interval_s=0.002,
+                 what="the moment to kill the driver")
+        time.sleep(delay_s)
+        kill_processes(pids, groups)
+        self.kill()
+
+    def stop(self, timeout_s: float = 120.0) -> int:
+        """A clean stop: SIGTERM, on which the job stops its query and its session and exits; return its exit code.
+        Whatever of the driver's processes outlives its exit is then killed."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the driver did not stop within {timeout_s} s:\n{self.error_tail()}") from None
+        for pid in tagged_processes(self.tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until_no_tagged_processes(self.tag)
+        return code
+
+
+# --- kill moments -------------------------------------------------------------------------------
+
+
+def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random) -> str:
+    """Let the driver run until a random moment to kill it at; say which kind of moment it was."""
+    if cycle % 5 in (2, 4):
+        # Anywhere in start-up: JVM launch, planning, the replay of the batch the last driver left unfinished.
+        time.sleep(rng.uniform(1, 25))
+        return "start-up"
+    # First this run commits a batch, so the query moves on between kills (the first run must: Spark refuses to
+    # start batch 0 once its offset log holds anything, even the empty temp file of a driver killed while
+    # writing the first entry). Then a random delay, which lands in the next batch's planning, its tasks, their
+    # transactions' commits or Spark's commit log entry.
+    committed = len(committed_batches(checkpoint))
+    driver.wait_running(STARTUP_TIMEOUT_S)
+    wait_for(
+        lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
+        timeout_s=STARTUP_TIMEOUT_S,
+        interval_s=0.05,
+        what=f"driver {cycle} to commit a batch",
+    )
+    time.sleep(rng.uniform(0, 3))
+    if batch_in_flight(checkpoint) is None:
+        # The query caught up with the input and waits for more: 2 of 6 such kills were mid-batch in one run on a
+        # slow machine. Kill in its next batch instead, early or late in it.
+        wait_for(
+            lambda: batch_in_flight(checkpoint) is not None or not driver.alive(),
+            timeout_s=STARTUP_TIMEOUT_S,
+            interval_s=0.02,
+            what=f"driver {cycle} to start a batch",
+        )
+        time.sleep(rng.uniform(0, 0.5))
+    return "running"
+
+
+def run_until_caught_up(driver: Driver, run: int, checkpoint, bootstrap: str, source: str) -> None:
+    driver.start(run)
+    driver.wait_running(STARTUP_TIMEOUT_S)
+    ends = wait_until_stable(bootstrap, source)
+    wait_for(
+        lambda: caught_up(checkpoint, source, ends) or not driver.alive(),
+        timeout_s=240,
+        interval_s=0.5,
+        what="the query to consume all of the input",
+    )
+    assert driver.alive(), f"the driver died on its own:\n{driver.error_tail()}"
 
 
 # --- input --------------------------------------------------------------------------------------

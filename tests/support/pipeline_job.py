@@ -1,27 +1,42 @@
-"""A standalone Spark driver for the crash tests: Kafka -> Spark -> Kafka, exactly once, until killed.
+"""A standalone Spark driver for the crash tests: Kafka -> Spark -> Kafka or files, exactly once, until killed.
 
-    python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN --sink OUT --checkpoint DIR \
-        [--master local[2] | spark://HOST:PORT] [--trigger-ms N] [--stateful]
+    python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN (--sink OUT | --sink-path DIR) \
+        --checkpoint DIR [--master local[2] | local[2,4] | spark://HOST:PORT] [--trigger-ms N] [--stateful] \
+        [--sink-format parquet|json] [--attempt-column] [--slow-first-attempt S --rendezvous-dir DIR] \
+        [--conf KEY=VALUE ...]
 
 Stateless (default): keep the values whose number is not divisible by 7 and append "!".
-Stateful (--stateful): count the records of each key within 20-second event-time windows (watermark 10 s) and
-write "<window start>/<key>=<count>" once a window closes (append mode).
+Stateful (--stateful, Kafka only): count the records of each key within 20-second event-time windows (watermark
+10 s) and write "<window start>/<key>=<count>" once a window closes (append mode).
+
+With --sink-path the stateless stream goes to the `sparkeos.files` sink at DIR instead of a topic, as the columns
+`n` (the number), `text` (the value with "!" appended) and, with --attempt-column, `attempt` (the Spark task
+attempt that wrote the row), partitioned by `k` = n % 3, so that every batch commits several files per task.
+--slow-first-attempt holds every attempt of partition 0 of every batch, once it passed on all of its rows, until
+another attempt of the same task got as far, for at most S seconds: the first attempt is slow, so that Spark
+launches a speculative copy of it, and then both attempts end their input, and pre-commit, at the same moment.
+The attempts meet through files in --rendezvous-dir, which every executor must see (one machine); once the test
+removes that directory, no attempt waits any more.
 
 The driver prints `QUERY RUNNING <id>` once the query started, `BATCH <n> <rows>` per finished batch, and
 otherwise runs until it is killed; the tests kill it with SIGKILL and restart it from the same checkpoint.
+On SIGTERM it stops the query and the session, prints `QUERY STOPPED` and exits with 0: a clean stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 
 from sparkeos.spark.workers import worker_python
 
 RUNNING_PREFIX = "QUERY RUNNING"
 BATCH_PREFIX = "BATCH"
+STOPPED_LINE = "QUERY STOPPED"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
@@ -29,7 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--source", required=True)
-    parser.add_argument("--sink", required=True)
+    parser.add_argument("--sink", help="the output topic")
+    parser.add_argument("--sink-path", help="write to the sparkeos.files sink at this directory instead of a topic")
+    parser.add_argument("--sink-format", choices=("parquet", "json"), default="parquet")
+    parser.add_argument("--attempt-column", action="store_true", help="files: add the writing task's attempt number")
+    parser.add_argument("--slow-first-attempt", type=float, default=0.0, metavar="SECONDS",
+                        help="files: partition 0's attempts wait for another attempt to end too, at most this long")
+    parser.add_argument("--rendezvous-dir", help="where the attempts of --slow-first-attempt meet")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark configuration")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--trigger-ms", type=int, default=0, help="processing-time trigger; 0 = back to back")
@@ -43,7 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--ui-port", type=int, default=0, help="serve Spark's UI and REST API here; 0 = no UI")
     parser.add_argument("--stateful", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.sink is None) == (args.sink_path is None):
+        parser.error("give one of --sink (a topic) and --sink-path (a directory)")
+    if args.sink_path and args.stateful:
+        parser.error("--stateful writes to a topic only")
+    if args.slow_first_attempt and not args.rendezvous_dir:
+        parser.error("--slow-first-attempt needs --rendezvous-dir")
+    if any("=" not in item for item in args.conf):
+        parser.error("--conf takes KEY=VALUE")
+    return args
 
 
 def spark_config(master: str, ui_port: int = 0) -> dict[str, str]:
@@ -81,10 +112,8 @@ def spark_config(master: str, ui_port: int = 0) -> dict[str, str]:
     return config
 
 
-def build_stream(spark, args: argparse.Namespace):
-    from pyspark.sql import functions as F
-
-    source = (
+def read_source(spark, args: argparse.Namespace):
+    return (
         spark.readStream.format("sparkeos.kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribe", args.source)
@@ -92,6 +121,12 @@ def build_stream(spark, args: argparse.Namespace):
         .option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
         .load()
     )
+
+
+def build_stream(spark, args: argparse.Namespace):
+    from pyspark.sql import functions as F
+
+    source = read_source(spark, args)
     if args.stateful:
         return (
             source.withWatermark("timestamp", "10 seconds")
@@ -110,7 +145,77 @@ def build_stream(spark, args: argparse.Namespace):
     return source.where(number % 7 != 0).select("key", F.concat("value", F.lit(b"!")).alias("value"))
 
 
+def build_file_stream(spark, args: argparse.Namespace):
+    """The stateless job as rows for the file sink: n, k = n % 3, text (and attempt)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    value = F.col("value").cast("string")
+    number = value.cast("long")
+    frame = (
+        read_source(spark, args)
+        .where(number % 7 != 0)
+        .select(number.alias("n"), (number % 3).alias("k"), F.concat(value, F.lit("!")).alias("text"))
+    )
+    if not (args.attempt_column or args.slow_first_attempt):
+        return frame
+    schema = StructType([*frame.schema.fields, StructField("attempt", IntegerType())])
+    return frame.mapInArrow(tag_attempt(args.slow_first_attempt, args.rendezvous_dir), schema)
+
+
+def tag_attempt(slow_s: float, rendezvous_dir: str | None):
+    """A mapInArrow function (run once per task) adding the task's attempt number to every row; with `slow_s`, an
+    attempt of partition 0 then waits for another attempt of its task to pass on all of its rows too."""
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = context.attemptNumber()
+        for batch in batches:
+            yield batch.append_column("attempt", pa.array([attempt] * batch.num_rows, pa.int32()))
+        # The writer gets the end of its input only when this returns: held here, it has written every row and
+        # not yet pre-committed.
+        if slow_s and context.partitionId() == 0:
+            meet_another_attempt(rendezvous_dir, context.stageId(), attempt, slow_s)
+
+    return run
+
+
+def meet_another_attempt(directory: str, stage: int, attempt: int, timeout_s: float) -> None:
+    prefix = f"stage-{stage}-attempt-"
+    deadline = time.monotonic() + timeout_s
+    try:
+        open(os.path.join(directory, f"{prefix}{attempt}"), "w").close()
+        # Polled often: the attempts must go on within a few milliseconds of each other, well before the first
+        # one to finish has Spark kill the other.
+        while time.monotonic() < deadline:
+            if any(name.startswith(prefix) and name != f"{prefix}{attempt}" for name in os.listdir(directory)):
+                return
+            time.sleep(0.002)
+    except FileNotFoundError:  # the test removed the directory: no more waiting
+        return
+
+
+def start_file_query(spark, args: argparse.Namespace):
+    writer = (
+        build_file_stream(spark, args)
+        .writeStream.format("sparkeos.files")
+        .option("path", args.sink_path)
+        .option("format", args.sink_format)
+        .option("partitionBy", "k")
+        .option("checkpointLocation", args.checkpoint)
+        .outputMode("append")
+    )
+    if args.trigger_ms:
+        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
+    return writer.start()
+
+
 def start_query(spark, args: argparse.Namespace):
+    if args.sink_path:
+        return start_file_query(spark, args)
     writer = (
         build_stream(spark, args)
         .writeStream.format("sparkeos.kafka")
@@ -141,14 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYSPARK_PYTHON"] = worker_python(args.master)
     import sparkeos.spark
 
-    spark = sparkeos.spark.session(
-        "sparkeos-crash-job", master=args.master, config=spark_config(args.master, args.ui_port)
-    )
+    config = spark_config(args.master, args.ui_port)
+    config.update(item.split("=", 1) for item in args.conf)
+    spark = sparkeos.spark.session("sparkeos-crash-job", master=args.master, config=config)
     spark.sparkContext.setLogLevel("WARN")
+    stop_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signal, _frame: stop_requested.set())
     query = start_query(spark, args)
     print(f"{RUNNING_PREFIX} {query.id}", flush=True)
     last_reported = -1
     while query.isActive:
+        if stop_requested.is_set():
+            query.stop()
+            report_progress(query, last_reported)
+            spark.stop()
+            print(STOPPED_LINE, flush=True)
+            return 0
         query.awaitTermination(0.5)
         last_reported = report_progress(query, last_reported)
     # Only an error ends the query on its own: say so, and fail.

@@ -14,7 +14,6 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -26,19 +25,19 @@ from support.crash import (
     Driver,
     InputFeeder,
     batch_in_flight,
-    caught_up,
     committed_batches,
     job_output,
     pipeline_job_args,
     planned_batches,
+    run_until_caught_up,
+    wait_for_kill_moment,
     wait_until_stable,
 )
-from support.spark import create_topic, unique, wait_for
+from support.spark import create_topic, unique
 
 CYCLES = 10  # driver kills: the crash proof calls for at least ten
 SOURCE_PARTITIONS = 3
 SINK_PARTITIONS = 2
-STARTUP_TIMEOUT_S = 240
 
 
 @dataclass
@@ -74,51 +73,6 @@ def marker_batches(bootstrap: str, prefix: str, partitions: int) -> dict[str, in
         if offset >= 0:
             found[transactional_id] = offset - 1
     return found
-
-
-def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random) -> str:
-    """Let the driver run until a random moment to kill it at; say which kind of moment it was."""
-    if cycle % 5 in (2, 4):
-        # Anywhere in start-up: JVM launch, planning, the replay of the batch the last driver left unfinished.
-        time.sleep(rng.uniform(1, 25))
-        return "start-up"
-    # First this run commits a batch, so the query moves on between kills (the first run must: Spark refuses to
-    # start batch 0 once its offset log holds anything, even the empty temp file of a driver killed while
-    # writing the first entry). Then a random delay, which lands in the next batch's planning, its tasks, their
-    # transactions' commits or Spark's commit log entry.
-    committed = len(committed_batches(checkpoint))
-    driver.wait_running(STARTUP_TIMEOUT_S)
-    wait_for(
-        lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
-        timeout_s=STARTUP_TIMEOUT_S,
-        interval_s=0.05,
-        what=f"driver {cycle} to commit a batch",
-    )
-    time.sleep(rng.uniform(0, 3))
-    if batch_in_flight(checkpoint) is None:
-        # The query caught up with the input and waits for more: 2 of 6 such kills were mid-batch in one run on a
-        # slow machine. Kill in its next batch instead, early or late in it.
-        wait_for(
-            lambda: batch_in_flight(checkpoint) is not None or not driver.alive(),
-            timeout_s=STARTUP_TIMEOUT_S,
-            interval_s=0.02,
-            what=f"driver {cycle} to start a batch",
-        )
-        time.sleep(rng.uniform(0, 0.5))
-    return "running"
-
-
-def run_until_caught_up(driver: Driver, run: int, checkpoint, bootstrap: str, source: str) -> None:
-    driver.start(run)
-    driver.wait_running(STARTUP_TIMEOUT_S)
-    ends = wait_until_stable(bootstrap, source)
-    wait_for(
-        lambda: caught_up(checkpoint, source, ends) or not driver.alive(),
-        timeout_s=240,
-        interval_s=0.5,
-        what="the query to consume all of the input",
-    )
-    assert driver.alive(), f"the driver died on its own:\n{driver.error_tail()}"
 
 
 @pytest.mark.timeout(900)

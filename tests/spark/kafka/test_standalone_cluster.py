@@ -9,212 +9,34 @@ an independent read_committed consumer finds every expected record exactly once 
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from sparkeos.verify import assert_exactly_once, read_values
 from support.crash import (
-    TAG_VARIABLE,
     Driver,
     InputFeeder,
     batch_in_flight,
     caught_up,
-    command_line,
     committed_batches,
-    descendants,
-    environment_of,
     job_output,
-    kill_processes,
-    kill_tree,
     pipeline_job_args,
-    process_tree,
-    wait_until_no_tagged_processes,
     wait_until_stable,
 )
 from support.spark import create_topic, unique, wait_for
+from support.standalone_cluster import (
+    StandaloneCluster,
+    active_tasks,
+    check_executor_python,
+    executor_counts,
+    executor_id,
+    free_port,
+)
 
 SOURCE_PARTITIONS = 4
 SINK_PARTITIONS = 2
-EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class StandaloneCluster:
-    """Spark's standalone master and workers, run from the installed pyspark package."""
-
-    def __init__(self, directory: Path, tag: str):
-        import pyspark
-
-        self.home = Path(pyspark.__file__).parent
-        self.directory = directory
-        self.tag = tag
-        self.master_port, self.master_ui_port = free_port(), free_port()
-        self.master: subprocess.Popen | None = None
-        self.workers: list[subprocess.Popen] = []
-
-    @property
-    def url(self) -> str:
-        return f"spark://127.0.0.1:{self.master_port}"
-
-    def _spawn(self, name: str, arguments: list[str]) -> subprocess.Popen:
-        environment = {
-            **os.environ,
-            TAG_VARIABLE: self.tag,
-            "SPARK_HOME": str(self.home),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "SPARK_LOG_DIR": str(self.directory),
-            "SPARK_DAEMON_MEMORY": "512m",
-            "SPARK_LOCAL_DIRS": str(self.directory / "local"),
-            "PYSPARK_PYTHON": sys.executable,
-        }
-        with open(self.directory / f"{name}.log", "w") as log:
-            # A session of its own: the worker's executors share its process group.
-            return subprocess.Popen(
-                [str(self.home / "bin" / "spark-class"), *arguments],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environment,
-                start_new_session=True,
-            )
-
-    def start(self, workers: int) -> StandaloneCluster:
-        self.master = self._spawn(
-            "master",
-            [
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.master_port),
-                "--webui-port",
-                str(self.master_ui_port),
-            ],
-        )
-        wait_for(lambda: self.state() is not None, timeout_s=120, what="the Spark master")
-        for index in range(workers):
-            work_dir = self.directory / f"worker-{index}"
-            work_dir.mkdir()
-            self.workers.append(
-                self._spawn(
-                    f"worker-{index}",
-                    [
-                        "org.apache.spark.deploy.worker.Worker",
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(free_port()),
-                        "--webui-port",
-                        str(free_port()),
-                        "--cores",
-                        "1",
-                        "--memory",
-                        "1g",
-                        "--work-dir",
-                        str(work_dir),
-                        self.url,
-                    ],
-                )
-            )
-        wait_for(lambda: self.alive_workers() == workers, timeout_s=120, what=f"{workers} workers to register")
-        return self
-
-    def state(self) -> dict | None:
-        """The master's JSON status page, or None while it is not up."""
-        if self.master is not None and self.master.poll() is not None:
-            raise AssertionError(f"the Spark master exited:\n{(self.directory / 'master.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.master_ui_port}/json/", timeout=5) as page:
-                return json.load(page)
-        except OSError:
-            return None
-
-    def alive_workers(self) -> int:
-        state = self.state() or {}
-        return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
-
-    def executors_of(self, worker: int) -> list[int]:
-        return [pid for pid in descendants(self.workers[worker].pid) if EXECUTOR_CLASS in command_line(pid)]
-
-    def python_workers_of(self, worker: int) -> list[int]:
-        return [
-            pid
-            for pid in descendants(self.workers[worker].pid)
-            if "pyspark.daemon" in command_line(pid) or "pyspark.worker" in command_line(pid)
-        ]
-
-    def kill_worker_when(self, worker: int, moment) -> list[int]:
-        """SIGKILL a worker with its executor JVM and the executor's Python processes, as a machine loss, as soon
-        as `moment()` is true. The process tree is listed beforehand, so the kill follows the moment at once."""
-        process = self.workers[worker]
-        pids, groups = process_tree(process.pid)
-        wait_for(moment, timeout_s=120, interval_s=0.02, what="the moment to kill the worker")
-        kill_processes(pids, groups)
-        process.wait(30)
-        wait_for(lambda: not any(_alive(pid) for pid in pids), timeout_s=20, what="the worker's processes to die")
-        return pids
-
-    def stop(self) -> None:
-        for process in [*self.workers, self.master]:
-            if process is not None:
-                kill_tree(process.pid)
-                process.wait(30)
-        wait_until_no_tagged_processes(self.tag)
-
-
-def executor_id(pid: int) -> str:
-    arguments = command_line(pid)
-    return arguments[arguments.index("--executor-id") + 1]
-
-
-def executor_counts(ui_port: int, field: str, endpoint: str = "executors") -> dict[str, int]:
-    """One count per executor id from the driver's REST API ({} while it is not up); `allexecutors` includes
-    dead executors."""
-    base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
-    try:
-        with urllib.request.urlopen(base, timeout=5) as page:
-            application = json.load(page)[0]["id"]
-        with urllib.request.urlopen(f"{base}/{application}/{endpoint}", timeout=5) as page:
-            return {executor["id"]: executor[field] for executor in json.load(page)}
-    except (OSError, IndexError, KeyError, ValueError):
-        return {}
-
-
-def active_tasks(ui_port: int) -> dict[str, int]:
-    return executor_counts(ui_port, "activeTasks")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def check_executor_python(cluster: StandaloneCluster, worker: int) -> None:
-    """The executor and its Python workers use this test's interpreter (the venv with sparkeos installed)."""
-    executors = cluster.executors_of(worker)
-    assert len(executors) == 1, f"worker {worker} runs executors {executors}"
-    assert environment_of(executors[0]).get("PYSPARK_PYTHON") == sys.executable
-    pythons = wait_for(
-        lambda: cluster.python_workers_of(worker), timeout_s=120, what=f"Python workers of worker {worker}'s executor"
-    )
-    interpreters = {command_line(pid)[0] for pid in pythons}
-    assert interpreters == {sys.executable}, f"executor Python workers run {interpreters}"
 
 
 @pytest.mark.timeout(900)
