@@ -1,12 +1,13 @@
-"""PySpark connectors: `spark.readStream.format("sparkeos.kafka")`, `df.writeStream.format("sparkeos.kafka")` and
-`df.writeStream.format("sparkeos.files")`.
+"""PySpark connectors: `spark.readStream.format("sparkeos.kafka")`, and `df.writeStream.format(...)` with
+`sparkeos.kafka`, `sparkeos.files` or `sparkeos.postgres`.
 
     import sparkeos.spark
     spark = sparkeos.spark.session()          # or: sparkeos.spark.register(existing_session)
 
-One package per connector (`sparkeos.spark.kafka`, `sparkeos.spark.files`); the modules here are what connectors
-share: the two-phase-commit framework (`two_phase_commit`), option reading, the client cache of Python workers,
-the garbage-collector pause of hot loops, failure injection, and the program Spark runs for Python workers.
+One package per connector (`sparkeos.spark.kafka`, `sparkeos.spark.files`, `sparkeos.spark.postgres`); the modules
+here are what connectors share: the two-phase-commit framework (`two_phase_commit`), option reading, the client
+cache of Python workers, the garbage-collector pause of hot loops, batch reports, failure injection, and the
+program Spark runs for Python workers.
 """
 
 from __future__ import annotations
@@ -19,19 +20,22 @@ if TYPE_CHECKING:
 
 
 def register(spark: SparkSession) -> SparkSession:
-    """Register the `sparkeos.kafka` and `sparkeos.files` data sources with a session and return the session."""
+    """Register the `sparkeos.kafka`, `sparkeos.files` and `sparkeos.postgres` data sources with a session and return
+    the session."""
     from .files.datasource import FilesDataSource
     from .kafka.datasource import KafkaDataSource
+    from .postgres.datasource import PostgresDataSource
 
     spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(FilesDataSource)
+    spark.dataSource.register(PostgresDataSource)
     return spark
 
 
 def session(
     app_name: str = "sparkeos", master: str | None = None, config: dict[str, str] | None = None
 ) -> SparkSession:
-    """A SparkSession with `sparkeos.kafka` and `sparkeos.files` registered.
+    """A SparkSession with the sparkeos data sources registered.
 
     Python workers run this interpreter (PYSPARK_PYTHON, unless already set), so they see the same installed
     packages; with a local master, through `workers.worker_python`, which spares each new worker from compiling

@@ -1,0 +1,401 @@
+"""The `sparkeos.postgres` sink: each task's rows in one PostgreSQL transaction, prepared, then committed by the
+driver's decision (PostgreSQL's ``PREPARE TRANSACTION`` / ``COMMIT PREPARED``).
+
+A task of query Q, batch B, partition p opens a transaction, writes its rows with ``COPY ... (FORMAT BINARY)``
+(or ``INSERT ... ON CONFLICT (upsertKeys) DO UPDATE`` for upserts) and prepares it under the global id
+``sparkeos-<Q>-<B>-<p>-<attempt>-<run>``: durable, invisible, surviving the task, the driver and a restart of the
+server. The driver's commit runs ``COMMIT PREPARED`` on the ids its decision names; ``pending`` lists Q's
+prepared transactions in ``pg_prepared_xacts``; decisions are rows of ``sparkeos_decisions``, a table of ours
+beside the target table (one INSERT records a decision, so it is whole or absent). The protocol (decisions,
+recovery) is `sparkeos.spark.two_phase_commit`'s.
+
+A prepared transaction keeps its row locks until it is resolved, so two things are done by each task before
+it writes, or a task could wait forever for a transaction that only the driver resolves, after that task:
+
+- a task of a batch that is already decided (Spark replays it after the driver died past the decision) writes
+  nothing: the decision is final, and whatever the replay wrote would be aborted anyway;
+- a task rolls back the prepared transactions of its query that an earlier run of the query (``<run>``, drawn
+  when the query starts) left, unless a decision names them. Spark runs a query once at a time, so they can
+  never become part of a decision.
+
+With ``deliveryGuarantee`` at_least_once a task commits its own transaction and the driver has nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import errors, sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.json import Jsonb
+from pyspark.sql.types import StructType
+
+from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
+from .options import PostgresSinkOptions
+from .types import UnsupportedColumnType, accepts, converter, postgres_type
+
+GID_PREFIX = "sparkeos-"
+MAX_GID_BYTES = 199  # PostgreSQL's limit is under 200 bytes
+DECISIONS_TABLE = "sparkeos_decisions"
+
+log = logging.getLogger("sparkeos.sink")
+
+
+class PostgresSinkError(ValueError):
+    """The database or table cannot take the query's rows; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    oid: int
+    table_type: str
+
+
+@dataclass
+class TaskTransaction:
+    """One task attempt's database transaction; ``connection`` None when the batch was decided before."""
+
+    connection: psycopg.Connection | None
+    gid: str | None
+    records: int = 0
+    converters: list[Callable[[Any], Any] | None] = field(default_factory=list)
+
+
+def describe_url(url: str) -> str:
+    """The server and database of a connection string, without its password."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the database of option 'url'"
+    host = parts.get("host") or parts.get("hostaddr") or "local socket"
+    port = f":{parts['port']}" if parts.get("port") else ""
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    return f"{user}{host}{port}/{parts.get('dbname') or ''}"
+
+
+class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
+    def __init__(self, options: PostgresSinkOptions, schema: StructType):
+        self.options = options
+        self.schema = schema
+        self.run = uuid.uuid4().hex[:8]
+        self.table = options.table
+        self.columns: list[Column] = []
+        self.decisions_schema = options.table.schema or "public"
+        self._connection: psycopg.Connection | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_connection": None}  # connections do not travel; each process opens its own
+
+    def describe(self) -> str:
+        return f"sparkeos.postgres table {self.table} at {describe_url(self.options.url)}"
+
+    # --- connections ---
+
+    def connect(self, autocommit: bool = True) -> psycopg.Connection:
+        try:
+            return psycopg.connect(self.options.url, autocommit=autocommit)
+        except psycopg.Error as error:
+            raise PostgresSinkError(f"cannot connect to PostgreSQL ({describe_url(self.options.url)}): "
+                                    f"{str(error).strip()}") from error
+
+    def _driver_connection(self) -> psycopg.Connection:
+        if self._connection is None or self._connection.closed or self._connection.broken:
+            self._connection = self.connect()
+        return self._connection
+
+    def _table_sql(self) -> sql.Composable:
+        return sql.Identifier(self.table.schema, self.table.name) if self.table.schema else sql.Identifier(
+            self.table.name)
+
+    def _decisions_sql(self) -> sql.Composable:
+        return sql.Identifier(self.decisions_schema, DECISIONS_TABLE)
+
+    # --- before the query writes (driver) ---
+
+    def prepare(self) -> None:
+        """Check the server and the table, create what is missing, and learn the table's column types."""
+        for column in self.schema.fields:
+            try:
+                postgres_type(column.dataType, column.name)
+            except UnsupportedColumnType as error:
+                raise PostgresSinkError(str(error)) from None
+        for key in self.options.upsert_keys:
+            if key not in self.schema.fieldNames():
+                raise PostgresSinkError(f"upsertKeys column {key!r} is not in the DataFrame; columns: "
+                                        f"{', '.join(self.schema.fieldNames())}")
+        with self.connect() as connection:
+            if self.options.exactly_once:
+                limit = int(connection.execute("SHOW max_prepared_transactions").fetchone()[0])
+                if limit == 0:
+                    raise PostgresSinkError(
+                        f"PostgreSQL ({describe_url(self.options.url)}) has max_prepared_transactions = 0, so it "
+                        "cannot prepare transactions, which deliveryGuarantee exactly_once needs: restart PostgreSQL "
+                        "with max_prepared_transactions at least the number of the query's tasks that run at once "
+                        "(e.g. in postgresql.conf, or -c max_prepared_transactions=64), or use deliveryGuarantee "
+                        "at_least_once")
+            if self.table.schema is None:
+                self.decisions_schema = connection.execute("SELECT current_schema()").fetchone()[0]
+            oid = connection.execute("SELECT to_regclass(%s)::oid", [self._table_sql().as_string(connection)]
+                                     ).fetchone()[0]
+            if oid is None:
+                if not self.options.create_table:
+                    raise PostgresSinkError(
+                        f"table {self.table} does not exist in {describe_url(self.options.url)}: create it, or set "
+                        "option createTable to true to create it from the DataFrame's schema")
+                self._create_table(connection)
+                oid = connection.execute("SELECT to_regclass(%s)::oid", [self._table_sql().as_string(connection)]
+                                         ).fetchone()[0]
+            self.columns = self._check_columns(connection, oid)
+            if self.options.upsert_keys:
+                self._check_upsert(connection)
+            if self.options.exactly_once:
+                connection.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, batch bigint NOT NULL, handles jsonb NOT NULL,"
+                    " finished boolean NOT NULL DEFAULT false, decided timestamptz NOT NULL DEFAULT now(),"
+                    " PRIMARY KEY (query, batch))").format(self._decisions_sql()))
+
+    def _create_table(self, connection: psycopg.Connection) -> None:
+        definitions = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(postgres_type(c.dataType, c.name)),
+                                                 sql.SQL("" if c.nullable else " NOT NULL"))
+                       for c in self.schema.fields]
+        if self.options.upsert_keys:
+            definitions.append(sql.SQL("PRIMARY KEY ({})").format(
+                sql.SQL(", ").join(map(sql.Identifier, self.options.upsert_keys))))
+        connection.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            self._table_sql(), sql.SQL(", ").join(definitions)))
+
+    def _check_columns(self, connection: psycopg.Connection, oid: int) -> list[Column]:
+        found = {name: (type_oid, type_name) for name, type_oid, type_name in connection.execute(
+            "SELECT attname, atttypid::int, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", [oid])}
+        problems, columns = [], []
+        for column in self.schema.fields:
+            spark_type = column.dataType.simpleString()
+            if column.name not in found:
+                problems.append(f"column {column.name!r} ({spark_type}) is not in the table")
+                continue
+            type_oid, type_name = found[column.name]
+            if not accepts(column.dataType, type_name):
+                problems.append(f"column {column.name!r} is {spark_type} in the DataFrame but {type_name} in the "
+                                f"table (expected {postgres_type(column.dataType, column.name)})")
+            columns.append(Column(column.name, type_oid, type_name))
+        if problems:
+            raise PostgresSinkError(f"table {self.table} does not match the DataFrame: {'; '.join(problems)}; "
+                                    f"the table's columns: {', '.join(f'{n} {t}' for n, (_, t) in found.items())}")
+        return columns
+
+    def _check_upsert(self, connection: psycopg.Connection) -> None:
+        try:
+            with connection.transaction(force_rollback=True):
+                connection.execute(sql.SQL("EXPLAIN ") + self._upsert_sql(), [None] * len(self.columns))
+        except psycopg.Error as error:
+            raise PostgresSinkError(f"upsertKeys ({', '.join(self.options.upsert_keys)}) cannot be used with table "
+                                    f"{self.table}: {str(error).strip()} (the keys need a primary key or unique "
+                                    "index on exactly these columns)") from error
+
+    def _upsert_sql(self) -> sql.Composed:
+        names = [c.name for c in self.columns]
+        keys = self.options.upsert_keys
+        updates = [sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(n)) for n in names if n not in keys]
+        action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(updates)) if updates else sql.SQL("DO NOTHING")
+        values = sql.SQL(", ").join(sql.SQL("%s::" + c.table_type) for c in self.columns)
+        return sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) ").format(
+            self._table_sql(), sql.SQL(", ").join(map(sql.Identifier, names)), values,
+            sql.SQL(", ").join(map(sql.Identifier, keys))) + action
+
+    # --- executor side ---
+
+    def handle_id(self, task: TaskAttempt) -> str:
+        return f"{task.handle_id}-{self.run}"
+
+    def gid(self, query: str, handle_id: str) -> str:
+        gid = f"{GID_PREFIX}{query}-{handle_id}"
+        if len(gid.encode()) > MAX_GID_BYTES:
+            raise PostgresSinkError(f"transaction id {gid!r} is longer than PostgreSQL's {MAX_GID_BYTES} bytes")
+        return gid
+
+    def begin_transaction(self, task: TaskAttempt) -> TaskTransaction:
+        connection = self.connect()
+        try:
+            if self.options.exactly_once:
+                if PostgresDecisionLog(self, task.query, connection).read(task.batch) is not None:
+                    connection.close()
+                    return TaskTransaction(None, None)
+                self._abort_earlier_runs(connection, task.query, task.batch)
+                gid = self.gid(task.query, self.handle_id(task))
+                connection.autocommit = False
+                connection.tpc_begin(gid)
+            else:
+                gid = None
+                connection.autocommit = False
+        except BaseException:
+            connection.close()
+            raise
+        return TaskTransaction(connection, gid, 0, [converter(c.dataType) for c in self.schema.fields])
+
+    def _abort_earlier_runs(self, connection: psycopg.Connection, query: str, batch: int) -> None:
+        named = {h.id for d in PostgresDecisionLog(self, query, connection).unfinished() for h in d.handles}
+        for handle_id, handle_batch in self._pending(connection, query):
+            if handle_batch <= batch and not handle_id.endswith(f"-{self.run}") and handle_id not in named:
+                self._resolve(connection, self.gid(query, handle_id), "ROLLBACK")
+
+    def invoke(self, transaction: TaskTransaction, rows: pa.RecordBatch) -> None:
+        if transaction.connection is None:
+            return
+        values = []
+        for convert, column in zip(transaction.converters, rows.columns, strict=True):
+            items = column.to_pylist()
+            values.append(items if convert is None else [convert(item) for item in items])
+        records = list(zip(*values, strict=True))
+        with transaction.connection.cursor() as cursor:
+            if self.options.upsert_keys:
+                statement = self._upsert_sql()
+                for start in range(0, len(records), self.options.batch_size):
+                    cursor.executemany(statement, records[start:start + self.options.batch_size])
+            else:
+                names = sql.SQL(", ").join(sql.Identifier(c.name) for c in self.columns)
+                with cursor.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(self._table_sql(),
+                                                                                         names)) as copy:
+                    copy.set_types([c.oid for c in self.columns])
+                    for record in records:
+                        copy.write_row(record)
+        transaction.records += len(records)
+
+    def pre_commit(self, transaction: TaskTransaction, task: TaskAttempt) -> Handle:
+        connection = transaction.connection
+        if connection is None:  # the batch was decided before: nothing of this replay is wanted
+            return Handle(self.handle_id(task), task.batch, task.partition, 0, {"gid": None})
+        try:
+            if self.options.exactly_once:
+                connection.tpc_prepare()
+            else:
+                connection.commit()
+        finally:
+            connection.close()
+        return Handle(self.handle_id(task), task.batch, task.partition, transaction.records,
+                      {"gid": transaction.gid})
+
+    def abort_transaction(self, transaction: TaskTransaction) -> None:
+        connection = transaction.connection
+        if connection is None or connection.closed:
+            return
+        try:
+            if transaction.gid is not None:
+                connection.tpc_rollback()  # rolls back the prepared transaction too, if PREPARE got that far
+            else:
+                connection.rollback()
+        except psycopg.Error:
+            pass  # a transaction whose session ends is rolled back by the server; a prepared one by the driver
+        finally:
+            connection.close()
+
+    # --- driver side ---
+
+    def _pending(self, connection: psycopg.Connection, query: str) -> list[tuple[str, int]]:
+        prefix = f"{GID_PREFIX}{query}-"
+        found = []
+        for (gid,) in connection.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                                         "AND starts_with(gid, %s)", [prefix]):
+            handle_id = gid[len(prefix):]
+            batch = handle_id.split("-", 1)[0]
+            if batch.isdigit():
+                found.append((handle_id, int(batch)))
+        return found
+
+    @staticmethod
+    def _resolve(connection: psycopg.Connection, gid: str, verb: str) -> bool:
+        """COMMIT or ROLLBACK the prepared transaction ``gid``; False when it is gone (resolved before)."""
+        try:
+            connection.execute(sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid)))
+        except errors.UndefinedObject:
+            return False
+        return True
+
+    def commit(self, handle: Handle) -> None:
+        gid = handle.data.get("gid")
+        if not gid or not self.options.exactly_once:
+            return
+        # The framework commits only decided handles: one that is no longer prepared was committed before.
+        self._resolve(self._driver_connection(), gid, "COMMIT")
+
+    def abort(self, query: str, handle_id: str) -> None:
+        if self.options.exactly_once:
+            self._resolve(self._driver_connection(), self.gid(query, handle_id), "ROLLBACK")
+
+    def pending(self, query: str) -> Iterable[tuple[str, int]]:
+        if not self.options.exactly_once:
+            return []
+        return self._pending(self._driver_connection(), query)
+
+    def decision_log(self, query: str) -> DecisionLog:
+        if not self.options.exactly_once:
+            return NoDecisionLog()
+        return PostgresDecisionLog(self, query)
+
+    def forget(self, query: str) -> None:
+        """Drop the finished decisions of a query that will run no more (a batch write)."""
+        if self.options.exactly_once:
+            self._driver_connection().execute(sql.SQL("DELETE FROM {} WHERE query = %s AND finished").format(
+                self._decisions_sql()), [query])
+
+
+class PostgresDecisionLog(DecisionLog):
+    """One row per decision in ``sparkeos_decisions``: (query, batch, handles, finished)."""
+
+    def __init__(self, sink: PostgresSink, query: str, connection: psycopg.Connection | None = None):
+        self.sink = sink
+        self.query = query
+        self.connection = connection
+
+    def _execute(self, statement: str, parameters: list) -> list[tuple]:
+        connection = self.connection or self.sink._driver_connection()
+        cursor = connection.execute(sql.SQL(statement).format(self.sink._decisions_sql()), parameters)
+        return cursor.fetchall() if cursor.description else []
+
+    def _decision(self, batch: int, handles: list) -> Decision:
+        return Decision(self.query, batch, tuple(Handle.from_json(h) for h in handles))
+
+    def read(self, batch: int) -> Decision | None:
+        rows = self._execute("SELECT handles FROM {} WHERE query = %s AND batch = %s", [self.query, batch])
+        return self._decision(batch, rows[0][0]) if rows else None
+
+    def record(self, decision: Decision) -> None:
+        self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s)",
+                      [self.query, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
+
+    def unfinished(self) -> list[Decision]:
+        rows = self._execute("SELECT batch, handles FROM {} WHERE query = %s AND NOT finished ORDER BY batch",
+                             [self.query])
+        return [self._decision(batch, handles) for batch, handles in rows]
+
+    def finish(self, batch: int) -> None:
+        self._execute("UPDATE {} SET finished = true WHERE query = %s AND batch = %s", [self.query, batch])
+
+    def forget_before(self, batch: int) -> None:
+        self._execute("DELETE FROM {} WHERE query = %s AND batch < %s AND finished", [self.query, batch])
+
+
+class NoDecisionLog(DecisionLog):
+    """at_least_once: tasks commit their own transactions, so there is nothing to decide."""
+
+    def read(self, batch: int) -> Decision | None:
+        return None
+
+    def record(self, decision: Decision) -> None:
+        pass
+
+    def unfinished(self) -> list[Decision]:
+        return []
+
+    def finish(self, batch: int) -> None:
+        pass
+
+    def forget_before(self, batch: int) -> None:
+        pass

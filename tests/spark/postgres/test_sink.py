@@ -1,0 +1,293 @@
+"""The `sparkeos.postgres` sink in real Spark against a real PostgreSQL server, its table read back with psycopg.
+Failures are injected at each step of the two-phase commit and the server is crashed under a running query;
+restarted from its checkpoint, the query must leave every row exactly once and no prepared transaction behind."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from support.postgres import PASSWORD, PASSWORD_USER, PostgresServer, prepared_transactions
+from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique
+
+
+@pytest.fixture(autouse=True)
+def _no_failpoints_left():
+    clear_failpoints()
+    yield
+    clear_failpoints()
+
+
+def no_waiting(url: str) -> str:
+    """The url with a lock timeout: a task that waits on a lock no one will release fails the test, not hangs it."""
+    return url + "?options=-c%20lock_timeout%3D20000"
+
+
+def new_table() -> str:
+    return f"t_{uuid.uuid4().hex[:10]}"
+
+
+def start_query(spark, bootstrap: str, source: str, url: str, table: str, checkpoint, max_offsets: int = 200,
+                **sink_options):
+    """Kafka -> (n, k = n % 40, text) -> table."""
+    from pyspark.sql import functions as F
+
+    frame = (
+        spark.readStream.format("sparkeos.kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_offsets))
+        .load()
+        .select(F.col("value").cast("string").cast("long").alias("n"))
+        .select("n", (F.col("n") % 40).cast("int").alias("k"),
+                F.concat(F.lit("row-"), F.col("n").cast("string")).alias("text"))
+    )
+    writer = (frame.writeStream.format("sparkeos.postgres").option("url", url).option("dbtable", table)
+              .option("checkpointLocation", str(checkpoint)))
+    for key, value in {"createTable": "true", **sink_options}.items():
+        writer = writer.option(key, value)
+    return writer.start()
+
+
+def rows(server: PostgresServer, table: str, columns: str = "n") -> list[tuple]:
+    with server.connect() as connection:
+        return connection.execute(f"SELECT {columns} FROM {table}").fetchall()
+
+
+def written(server: PostgresServer, table: str) -> int | None:
+    """How many rows the table holds, None before it exists."""
+    with server.connect() as connection:
+        if connection.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None:
+            return None
+        return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def unfinished_decisions(server: PostgresServer) -> list[tuple]:
+    with server.connect() as connection:
+        if connection.execute("SELECT to_regclass('sparkeos_decisions')").fetchone()[0] is None:
+            return []
+        return connection.execute("SELECT query, batch FROM sparkeos_decisions WHERE NOT finished").fetchall()
+
+
+def assert_exact(server: PostgresServer, table: str, count: int) -> None:
+    numbers = Counter(n for (n,) in rows(server, table))
+    expected = Counter(range(count))
+    lost, extra = expected - numbers, numbers - expected
+    assert not lost and not extra, f"{len(lost)} lost {sorted(lost)[:5]}, {len(extra)} extra {dict(extra)}"
+    assert all(text == f"row-{n}" and k == n % 40 for n, k, text in rows(server, table, "n, k, text"))
+    assert prepared_transactions(server) == []
+    assert unfinished_decisions(server) == []
+
+
+def run_to_end(spark, *args, **kwargs) -> None:
+    query = start_query(spark, *args, **kwargs)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def fail_once(spark, failpoint: str, *args, **kwargs) -> None:
+    arm_failpoint(failpoint)
+    query = start_query(spark, *args, **kwargs)
+    with pytest.raises(StreamingQueryException, match="failpoint"):
+        query.awaitTermination(120)
+        query.processAllAvailable()
+    assert fired(failpoint), f"{failpoint} never ran"
+
+
+@pytest.mark.parametrize("failpoint", ["2pc.task_pre_committed", "2pc.decided", "2pc.between_commits",
+                                       "2pc.committed"])
+def test_failure_at_each_step_of_the_commit_then_restart_is_exact(spark_postgres, broker, postgres, tmp_path,
+                                                                  failpoint):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(900)])
+    table, checkpoint = new_table(), tmp_path / "ck"
+    fail_once(spark_postgres, failpoint, bootstrap, source, postgres.url(), table, checkpoint)
+    run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
+    assert_exact(postgres, table, 900)
+
+
+def replay_last_batch(checkpoint) -> None:
+    """Forget Spark's record of the last batch's commit, as a driver dying right after the sink's commit would."""
+    commits = checkpoint / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)
+
+
+def test_a_batch_replayed_after_its_commit_adds_nothing(spark_postgres, broker, postgres, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(500)])
+    table, checkpoint = new_table(), tmp_path / "ck"
+    run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
+    assert_exact(postgres, table, 500)
+    replay_last_batch(checkpoint)
+    run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
+    assert_exact(postgres, table, 500)
+
+
+@pytest.mark.parametrize("failpoint", ["2pc.task_pre_committed", "2pc.decided"])
+def test_upserts_replayed_leave_one_row_per_key_with_its_last_value(spark_postgres, broker, postgres, tmp_path,
+                                                                     failpoint):
+    """Keys go to one Kafka partition each, in order, so the last value of key k is the largest n with n % 40 = k.
+    A failed run leaves prepared transactions holding the keys' row locks: the restart must not wait on them."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    numbers = range(600)
+    produce(bootstrap, source, [str(n) for n in numbers], keys=[str(n % 40) for n in numbers])
+    table, checkpoint = new_table(), tmp_path / "ck"
+    options = {"upsertKeys": "k", "max_offsets": 150}
+    url = no_waiting(postgres.url())
+    fail_once(spark_postgres, failpoint, bootstrap, source, url, table, checkpoint, **options)
+    run_to_end(spark_postgres, bootstrap, source, url, table, checkpoint, **options)
+    replay_last_batch(checkpoint)
+    run_to_end(spark_postgres, bootstrap, source, url, table, checkpoint, **options)
+    found = rows(postgres, table, "k, n, text")
+    assert sorted(k for k, _, _ in found) == list(range(40)), "one row per key"
+    assert all(n == max(m for m in numbers if m % 40 == k) and text == f"row-{n}" for k, n, text in found)
+    assert prepared_transactions(postgres) == []
+    assert unfinished_decisions(postgres) == []
+
+
+def write(frame, url: str, table: str, **options) -> None:
+    writer = frame.write.format("sparkeos.postgres").mode("append").option("url", url).option("dbtable", table)
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.save()
+
+
+def test_bad_input_fails_with_a_clear_message_and_commits_nothing(spark_postgres, postgres):
+    frame = spark_postgres.range(0, 10).selectExpr("id AS n", "cast(id AS string) AS text")
+    bad_password = postgres.url(user=PASSWORD_USER, password="wrong-" + PASSWORD)
+    with pytest.raises(Exception, match=f'password authentication failed for user "{PASSWORD_USER}"'):
+        write(frame, bad_password, new_table(), createTable="true")
+    missing = new_table()
+    with pytest.raises(Exception, match=f"table {missing} does not exist .*createTable"):
+        write(frame, postgres.url(), missing)
+    with pytest.raises(Exception, match="unknown sparkeos.postgres sink option 'upsertkey'; did you mean "
+                                        "'upsertKeys'"):
+        write(frame, postgres.url(), missing, upsertKey="n")
+    mismatched = new_table()
+    with postgres.connect() as connection:
+        connection.execute(f"CREATE TABLE {mismatched} (n integer, other text)")
+    with pytest.raises(Exception, match=f"table {mismatched} does not match the DataFrame: column 'n' is bigint in "
+                                        "the DataFrame but integer in the table .*column 'text' .* is not in the "
+                                        "table"):
+        write(frame, postgres.url(), mismatched)
+    checked = new_table()
+    with postgres.connect() as connection:
+        connection.execute(f"CREATE TABLE {checked} (n bigint CHECK (n <> 7), text text)")
+    with pytest.raises(Exception, match=f'new row for relation "{checked}" violates check constraint'):
+        write(frame.repartition(2), postgres.url(), checked)
+    assert rows(postgres, checked) == []
+    assert prepared_transactions(postgres) == []
+    with postgres.connect() as connection:
+        names = {name for (name,) in connection.execute("SELECT tablename FROM pg_tables")}
+    assert missing not in names
+
+
+def test_a_server_that_cannot_prepare_transactions_is_refused_naming_the_setting(spark_postgres):
+    frame = spark_postgres.range(0, 10).selectExpr("id AS n")
+    with PostgresServer(max_prepared_transactions=0) as server:
+        table = new_table()
+        with pytest.raises(Exception, match="max_prepared_transactions = 0.*restart PostgreSQL with "
+                                            "max_prepared_transactions at least the number of the query's tasks"):
+            write(frame, server.url(), table, createTable="true")
+        with server.connect() as connection:
+            assert connection.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None
+        write(frame, server.url(), table, createTable="true", deliveryGuarantee="at_least_once")
+        assert sorted(n for (n,) in rows(server, table)) == list(range(10))
+
+
+def test_every_mapped_type_round_trips_through_a_created_table(spark_postgres, postgres):
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        BooleanType,
+        ByteType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        MapType,
+        ShortType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    schema = StructType([
+        StructField("b", ByteType()), StructField("s", ShortType()), StructField("i", IntegerType()),
+        StructField("l", LongType()), StructField("f", FloatType()), StructField("d", DoubleType()),
+        StructField("dec", DecimalType(12, 3)), StructField("str", StringType()), StructField("bin", BinaryType()),
+        StructField("flag", BooleanType()), StructField("day", DateType()), StructField("ts", TimestampType()),
+        StructField("ntz", TimestampNTZType()), StructField("ints", ArrayType(LongType())),
+        StructField("texts", ArrayType(StringType())),
+        StructField("st", StructType([StructField("x", IntegerType()), StructField("y", StringType())])),
+        StructField("m", MapType(StringType(), DoubleType())),
+    ])
+    instant = datetime.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.UTC)
+    local = datetime.datetime(2024, 5, 6, 7, 8, 9, 654321)
+    values = [(-7, -300, 70000, 2**40, 1.5, 2.25, decimal.Decimal("123456789.125"), "héllo ✓", b"\x00\xff",
+               True, datetime.date(2024, 2, 29), instant, local, [1, None, 3], ["a", "b"], (5, "five"),
+               {"k": 0.5}),
+              tuple([None] * 17)]
+    frame = spark_postgres.createDataFrame(values, schema)
+    table = new_table()
+    write(frame, postgres.url(), table, createTable="true")
+    with postgres.connect() as connection:
+        types = dict(connection.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+            "AND attnum > 0", [table]).fetchall())
+        found = connection.execute(f"SELECT * FROM {table} ORDER BY i NULLS LAST").fetchall()
+    assert types == {"b": "smallint", "s": "smallint", "i": "integer", "l": "bigint", "f": "real",
+                     "d": "double precision", "dec": "numeric(12,3)", "str": "text", "bin": "bytea",
+                     "flag": "boolean", "day": "date", "ts": "timestamp with time zone",
+                     "ntz": "timestamp without time zone", "ints": "bigint[]", "texts": "text[]", "st": "jsonb",
+                     "m": "jsonb"}
+    first = dict(zip(schema.fieldNames(), found[0], strict=True))
+    expected = dict(zip(schema.fieldNames(), values[0], strict=True))
+    assert first == {**expected, "st": {"x": 5, "y": "five"}}
+    assert found[1] == tuple([None] * 17)
+
+
+def test_a_server_crash_under_a_running_query_then_restart_is_exact(spark_postgres, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(1200)])
+    table, checkpoint = new_table(), tmp_path / "ck"
+    with PostgresServer(max_prepared_transactions=20) as server:
+        query = start_query(spark_postgres, bootstrap, source, server.url(), table, checkpoint, max_offsets=60)
+        try:
+            # Crash while a batch is prepared and not yet committed if the poll catches one, else mid-run.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and query.isActive:
+                if prepared_transactions(server) or (written(server, table) or 0) > 300:
+                    break
+                time.sleep(0.01)
+            assert query.isActive, "the query ended before the crash"
+            server.crash()
+            time.sleep(1)
+            server.start()
+            try:
+                query.processAllAvailable()  # it may ride through, or fail
+            except StreamingQueryException:
+                pass
+        finally:
+            query.stop()
+        run_to_end(spark_postgres, bootstrap, source, server.url(), table, checkpoint, max_offsets=60)
+        assert_exact(server, table, 1200)
