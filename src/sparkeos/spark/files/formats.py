@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 import datetime
-import decimal
 import json
-import math
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+
+from ..json_text import json_text
 
 EXTENSIONS = {"parquet": ".parquet", "json": ".json", "csv": ".csv"}
 # Spark hands a writer small Arrow batches; a parquet row group per batch would make files larger and slower to
@@ -79,33 +78,16 @@ def json_lines(rows: pa.RecordBatch) -> bytes:
     columns = [column.to_pylist() for column in rows.columns]
     lines = []
     for index in range(rows.num_rows):
-        fields = [f"{json.dumps(name)}:{_json(column[index])}" for name, column in zip(names, columns, strict=True)
-                  if column[index] is not None]
+        fields = [f"{json.dumps(name)}:{json_text(column[index], spark_datetime)}"
+                  for name, column in zip(names, columns, strict=True) if column[index] is not None]
         lines.append("{" + ",".join(fields) + "}\n")
     return "".join(lines).encode()
 
 
-def _json(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool | int | str):
-        return json.dumps(value)
-    if isinstance(value, float):
-        return json.dumps(value) if math.isfinite(value) else json.dumps(str(value))
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return json.dumps(base64.b64encode(value).decode())
+def spark_datetime(value: datetime.date) -> str:
+    """As Spark's JSON writer: timestamps in UTC with milliseconds, dates as yyyy-MM-dd."""
     if isinstance(value, datetime.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(datetime.UTC)
-        return json.dumps(value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z")
-    if isinstance(value, datetime.date):
-        return json.dumps(value.isoformat())
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{_json(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list) and value and isinstance(value[0], tuple):  # a map: (key, value) pairs
-        return "{" + ",".join(f"{json.dumps(str(k))}:{_json(v)}" for k, v in value) + "}"
-    if isinstance(value, list):
-        return "[" + ",".join(_json(v) for v in value) + "]"
-    return json.dumps(str(value))
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return value.isoformat()

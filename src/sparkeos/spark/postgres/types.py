@@ -3,11 +3,7 @@ have, and each value as psycopg writes it."""
 
 from __future__ import annotations
 
-import base64
 import datetime
-import decimal
-import json
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +27,8 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+
+from ..json_text import json_text
 
 # The type createTable gives a column, and the types (as format_type names them) an existing column may have.
 _SCALARS: list[tuple[type[DataType], str, tuple[str, ...]]] = [
@@ -119,27 +117,3 @@ def _aware(value: datetime.datetime | None) -> datetime.datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=datetime.UTC)
-
-
-def json_text(value: Any) -> str:
-    """A struct or map as JSON: maps (pairs from pyarrow) as objects, binary in base64, dates and timestamps in
-    ISO 8601, decimals as numbers with all their digits, and NaN and infinities (which JSON lacks) as strings."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool | int | str):
-        return json.dumps(value)
-    if isinstance(value, float):
-        return json.dumps(value) if math.isfinite(value) else json.dumps(str(value))
-    if isinstance(value, decimal.Decimal):
-        return str(value) if value.is_finite() else json.dumps(str(value))
-    if isinstance(value, bytes):
-        return json.dumps(base64.b64encode(value).decode())
-    if isinstance(value, datetime.datetime | datetime.date):
-        return json.dumps(value.isoformat())
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{json_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list) and value and all(isinstance(item, tuple) and len(item) == 2 for item in value):
-        return "{" + ",".join(f"{json.dumps(str(k))}:{json_text(v)}" for k, v in value) + "}"  # a map's pairs
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(json_text(v) for v in value) + "]"
-    return json.dumps(str(value))
