@@ -97,8 +97,9 @@ def _add_audit_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("job", help="the job file whose transformation defines the expected output")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--input", required=True, help="the input topic")
-    parser.add_argument("--output", help="the output topic (required for a Kafka sink), or the directory of a "
-                                          "sparkeos.files sink (default: the job's sink.path)")
+    parser.add_argument("--output", help="the output topic (required for a Kafka sink), the directory of a "
+                                          "sparkeos.files sink (default: the job's sink.path), or the table of a "
+                                          "sparkeos.postgres sink (default: the job's dbtable)")
     parser.add_argument("--dead-letter", help="the dead-letter topic (default: the job's bad_records.topic)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
 

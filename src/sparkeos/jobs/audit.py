@@ -17,8 +17,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..spark.files.options import parse_file_sink_options
+from ..spark.postgres.options import parse_postgres_sink_options
 from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
-from .spec import EXACT_FILE_SINK, JobSpec
+from .spec import EXACT_FILE_SINK, POSTGRES_SINK, JobSpec
 
 SAMPLES = 5
 # An audit prints a table: Spark's stage progress bars would be drawn through it.
@@ -107,13 +108,18 @@ def _show(value) -> str:
 
 def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, output: str | None = None,
           dead_letter_topic: str | None = None) -> AuditReport:
-    """`output` is the output topic of a Kafka sink, or the directory of a `sparkeos.files` sink (default: the
-    job's `sink.path`)."""
+    """`output` is the output topic of a Kafka sink, the directory of a `sparkeos.files` sink (default: the
+    job's `sink.path`), or the table of a `sparkeos.postgres` sink (default: the job's `dbtable`)."""
     audited = _with_bootstrap(spec, bootstrap)
     frames = build(spark, audited, batch=True, input_topic=input_topic)
     if spec.sink.format == EXACT_FILE_SINK:
         options = {**spec.sink.options, **({"path": output} if output else {})}
         return AuditReport(compare(row_values(frames.output), row_values(read_directory(spark, options))), None)
+    if spec.sink.format == POSTGRES_SINK:
+        options = {**spec.sink.options, **({"dbtable": output} if output else {})}
+        expected = frames.output
+        return AuditReport(compare(row_values(expected), row_values(read_table(spark, options, expected.schema))),
+                           None)
     if not spec.sink.is_kafka:
         raise ValueError(f"sparkeos audit compares Kafka topics and {EXACT_FILE_SINK} directories; this job writes "
                          f"with Spark's {spec.sink.format} sink, exact only for readers of its _spark_metadata")
@@ -140,6 +146,24 @@ def read_directory(spark: SparkSession, options: dict[str, str]) -> DataFrame:
     if parsed.format == "csv":
         reader = reader.option("header", str(parsed.header).lower()).option("inferSchema", "true")
     return reader.load(parsed.path)
+
+
+def read_table(spark: SparkSession, options: dict[str, str], schema) -> DataFrame:
+    """The rows of a `sparkeos.postgres` sink's table, read with psycopg, as a DataFrame of the job's output schema
+    (so values compare with the expected ones as Spark writes them). A table of upserts holds the last row per
+    key, not every row the job wrote: it cannot be audited this way."""
+    import psycopg
+    from psycopg import sql
+
+    parsed = parse_postgres_sink_options(options)
+    if parsed.upsert_keys:
+        raise ValueError("sparkeos audit compares every row a job wrote; a table of upserts keeps the last row per "
+                         "key (upsertKeys), so it cannot be audited")
+    table = sql.Identifier(*([parsed.table.schema] if parsed.table.schema else []), parsed.table.name)
+    columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
+    with psycopg.connect(parsed.url) as connection:
+        rows = connection.execute(sql.SQL("SELECT {} FROM {}").format(columns, table)).fetchall()
+    return spark.createDataFrame(rows, schema)
 
 
 def row_values(frame: DataFrame) -> DataFrame:

@@ -22,12 +22,13 @@
       value: identifyNumber       # SQL expression (default: to_json(struct(*)))
       key: null                   # SQL expression (default: the window end for windowed jobs, else none)
     sink:
-      format: sparkeos.kafka      # or sparkeos.files, or a Spark file format: parquet | json | csv | orc
+      format: sparkeos.kafka      # or sparkeos.files | sparkeos.postgres, or a Spark file format: parquet | json | ...
       topic: out                  # kafka: default topic; files: use path
       deliveryGuarantee: exactly_once
       # path: /data/people        # sparkeos.files and Spark's file formats
       # partitionBy: [country]    # sparkeos.files: Hive-style directories
-      options: {}                 # more sink options (kafka.*; sparkeos.files: format, compression, header)
+      options: {}                 # more sink options (kafka.*; sparkeos.files: format, compression, header;
+                                  # sparkeos.postgres: url, dbtable, upsertKeys, createTable, batchSize)
     checkpoint: /var/lib/sparkeos/people-etl
     trigger: 5 seconds
     restart: {strategy: fixed-delay, attempts: 3, delay: 10 seconds}
@@ -47,10 +48,12 @@ import yaml
 from ..spark.files.options import FileSinkOptionError, parse_file_sink_options
 from ..spark.kafka.options import parse_sink_options, parse_source_options
 from ..spark.options import OptionError, duration_s
+from ..spark.postgres.options import parse_postgres_sink_options
 
 FORMATS = ("string", "json", "avro")
 FILE_SINKS = ("parquet", "json", "csv", "orc")  # Spark's own file sink, exact for readers of _spark_metadata
 EXACT_FILE_SINK = "sparkeos.files"
+POSTGRES_SINK = "sparkeos.postgres"
 POLICIES = ("fail", "skip", "dead-letter")
 WINDOW_TIMES = ("processing", "event")
 
@@ -345,8 +348,8 @@ def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec
     if not spec:
         raise fields.fail("sink", "is required")
     sink_format = (fields.text(spec.get("format"), "sink.format") or "sparkeos.kafka").lower()
-    if sink_format not in ("sparkeos.kafka", EXACT_FILE_SINK, *FILE_SINKS):
-        raise fields.fail("sink.format", f"must be sparkeos.kafka, {EXACT_FILE_SINK} or one of "
+    if sink_format not in ("sparkeos.kafka", EXACT_FILE_SINK, POSTGRES_SINK, *FILE_SINKS):
+        raise fields.fail("sink.format", f"must be sparkeos.kafka, {EXACT_FILE_SINK}, {POSTGRES_SINK} or one of "
                                          f"{', '.join(FILE_SINKS)} (got {sink_format!r})")
     if spec.get("partitionBy") is not None and sink_format != EXACT_FILE_SINK:
         raise fields.fail("sink.partitionBy", f"applies to the {EXACT_FILE_SINK} sink")
@@ -368,6 +371,16 @@ def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec
             raise fields.fail("sink", str(exc)) from None
         if parsed.topic is None:
             raise fields.fail("sink.topic", "is required for a Kafka sink")
+    elif sink_format == POSTGRES_SINK:
+        if spec.get("topic") is not None or spec.get("path") is not None:
+            raise fields.fail("sink", f"topic and path do not apply to {POSTGRES_SINK}: name the table with "
+                                      "options.dbtable")
+        if spec.get("deliveryGuarantee") is not None:
+            options["deliveryGuarantee"] = fields.text(spec.get("deliveryGuarantee"), "sink.deliveryGuarantee") or ""
+        try:
+            parse_postgres_sink_options(options)
+        except OptionError as exc:
+            raise fields.fail("sink", str(exc)) from None
     else:
         if spec.get("topic") is not None or spec.get("deliveryGuarantee") is not None:
             raise fields.fail("sink", f"topic and deliveryGuarantee apply to Kafka sinks, not {sink_format}")
