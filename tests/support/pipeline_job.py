@@ -1,6 +1,8 @@
-"""A standalone Spark driver for the crash tests: Kafka -> Spark -> Kafka or files, exactly once, until killed.
+"""A standalone Spark driver for the crash tests: Kafka -> Spark -> Kafka, files or PostgreSQL, exactly once, until
+killed.
 
-    python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN (--sink OUT | --sink-path DIR) \
+    python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN \
+        (--sink OUT | --sink-path DIR | --postgres-url URL --postgres-table T) \
         --checkpoint DIR [--master local[2] | local[2,4] | spark://HOST:PORT] [--trigger-ms N] [--stateful] \
         [--sink-format parquet|json] [--attempt-column] [--slow-first-attempt S --rendezvous-dir DIR] \
         [--conf KEY=VALUE ...]
@@ -17,6 +19,9 @@ another attempt of the same task got as far, for at most S seconds: the first at
 launches a speculative copy of it, and then both attempts end their input, and pre-commit, at the same moment.
 The attempts meet through files in --rendezvous-dir, which every executor must see (one machine); once the test
 removes that directory, no attempt waits any more.
+
+With --postgres-url the stateless stream goes to the `sparkeos.postgres` sink instead, exactly once, into the table
+--postgres-table (created when missing) with the same columns `n`, `k` and `text`.
 
 The driver prints `QUERY RUNNING <id>` once the query started, `BATCH <n> <rows>` per finished batch, and
 otherwise runs until it is killed; the tests kill it with SIGKILL and restart it from the same checkpoint.
@@ -51,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-first-attempt", type=float, default=0.0, metavar="SECONDS",
                         help="files: partition 0's attempts wait for another attempt to end too, at most this long")
     parser.add_argument("--rendezvous-dir", help="where the attempts of --slow-first-attempt meet")
+    parser.add_argument("--postgres-url", help="write to the sparkeos.postgres sink at this database instead")
+    parser.add_argument("--postgres-table", help="the sparkeos.postgres sink's table")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark configuration")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--master", default="local[2]")
@@ -66,10 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ui-port", type=int, default=0, help="serve Spark's UI and REST API here; 0 = no UI")
     parser.add_argument("--stateful", action="store_true")
     args = parser.parse_args(argv)
-    if (args.sink is None) == (args.sink_path is None):
-        parser.error("give one of --sink (a topic) and --sink-path (a directory)")
-    if args.sink_path and args.stateful:
+    if [args.sink, args.sink_path, args.postgres_url].count(None) != 2:
+        parser.error("give one of --sink (a topic), --sink-path (a directory) and --postgres-url (a database)")
+    if (args.postgres_url is None) != (args.postgres_table is None):
+        parser.error("--postgres-url and --postgres-table go together")
+    if (args.sink_path or args.postgres_url) and args.stateful:
         parser.error("--stateful writes to a topic only")
+    if args.postgres_url and (args.attempt_column or args.slow_first_attempt):
+        parser.error("--attempt-column and --slow-first-attempt are for --sink-path")
     if args.slow_first_attempt and not args.rendezvous_dir:
         parser.error("--slow-first-attempt needs --rendezvous-dir")
     if any("=" not in item for item in args.conf):
@@ -145,18 +156,24 @@ def build_stream(spark, args: argparse.Namespace):
     return source.where(number % 7 != 0).select("key", F.concat("value", F.lit(b"!")).alias("value"))
 
 
-def build_file_stream(spark, args: argparse.Namespace):
-    """The stateless job as rows for the file sink: n, k = n % 3, text (and attempt)."""
+def build_row_stream(spark, args: argparse.Namespace):
+    """The stateless job as rows for the file and PostgreSQL sinks: n, k = n % 3, text."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, StructField, StructType
 
     value = F.col("value").cast("string")
     number = value.cast("long")
-    frame = (
+    return (
         read_source(spark, args)
         .where(number % 7 != 0)
         .select(number.alias("n"), (number % 3).alias("k"), F.concat(value, F.lit("!")).alias("text"))
     )
+
+
+def build_file_stream(spark, args: argparse.Namespace):
+    """The stateless job as rows for the file sink: n, k = n % 3, text (and attempt)."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    frame = build_row_stream(spark, args)
     if not (args.attempt_column or args.slow_first_attempt):
         return frame
     schema = StructType([*frame.schema.fields, StructField("attempt", IntegerType())])
@@ -213,9 +230,26 @@ def start_file_query(spark, args: argparse.Namespace):
     return writer.start()
 
 
+def start_postgres_query(spark, args: argparse.Namespace):
+    writer = (
+        build_row_stream(spark, args)
+        .writeStream.format("sparkeos.postgres")
+        .option("url", args.postgres_url)
+        .option("dbtable", args.postgres_table)
+        .option("createTable", "true")
+        .option("checkpointLocation", args.checkpoint)
+        .outputMode("append")
+    )
+    if args.trigger_ms:
+        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
+    return writer.start()
+
+
 def start_query(spark, args: argparse.Namespace):
     if args.sink_path:
         return start_file_query(spark, args)
+    if args.postgres_url:
+        return start_postgres_query(spark, args)
     writer = (
         build_stream(spark, args)
         .writeStream.format("sparkeos.kafka")

@@ -24,6 +24,7 @@ With ``deliveryGuarantee`` at_least_once a task commits its own transaction and 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -312,11 +313,18 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
     @staticmethod
     def _resolve(connection: psycopg.Connection, gid: str, verb: str) -> bool:
         """COMMIT or ROLLBACK the prepared transaction ``gid``; False when it is gone (resolved before)."""
-        try:
-            connection.execute(sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid)))
-        except errors.UndefinedObject:
-            return False
-        return True
+        # Another session may be resolving the same transaction at this moment (two tasks rolling back what an
+        # earlier run left): PostgreSQL then answers "busy" until that session is done.
+        for _ in range(600):
+            try:
+                connection.execute(sql.SQL(verb + " PREPARED {}").format(sql.Literal(gid)))
+            except errors.UndefinedObject:
+                return False
+            except errors.ObjectNotInPrerequisiteState:
+                time.sleep(0.05)
+                continue
+            return True
+        raise PostgresSinkError(f"prepared transaction {gid} stayed busy for 30 s: another session keeps resolving it")
 
     def commit(self, handle: Handle) -> None:
         gid = handle.data.get("gid")
