@@ -37,8 +37,9 @@ CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointin
 VARIANTS = {"a": ("(a) Spark parquet file sink", "parquet"), "b": ("(b) sparkeos.files parquet", "sparkeos.files")}
 
 
-def produce_input(bootstrap: str, records: int, partitions: int) -> str:
-    topic = f"files-bench-{uuid.uuid4().hex[:8]}"
+def produce_input(bootstrap: str, records: int, partitions: int, prefix: str = "files-bench") -> str:
+    """A new topic of `records` records of VALUE_SIZE bytes, record i in partition i % partitions."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})

@@ -31,13 +31,10 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from files import VALUE_SIZE, produce_input  # the same input as the file sink's benchmark
 
-VALUE_SIZE = 100
 TARGET = 0.8  # (b) / (a)
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 VARIANTS = {
@@ -55,25 +52,6 @@ def postgres_server_class():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.PostgresServer
-
-
-def produce_input(bootstrap: str, records: int, partitions: int) -> str:
-    topic = f"postgres-bench-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
-    for i in range(records):
-        head = b"%09d-" % i
-        while True:
-            try:
-                producer.produce(topic, value=head + b"x" * (VALUE_SIZE - len(head)), partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    if producer.flush(120):
-        raise RuntimeError("producing the input timed out")
-    return topic
 
 
 def copy_with_foreach_batch(url: str, table: str):
@@ -152,7 +130,7 @@ def main() -> int:
         url = server.url()
         bootstrap = broker.bootstrap_servers
         print(f"producing {args.records:,} records of {VALUE_SIZE} B ...", flush=True)
-        topic = produce_input(bootstrap, args.records, args.partitions)
+        topic = produce_input(bootstrap, args.records, args.partitions, "postgres-bench")
         spark = sparkeos.spark.session("sparkeos-postgres-benchmark", master="local[2]", config={
             "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.driver.memory": "2g",
             "spark.ui.showConsoleProgress": "false",
