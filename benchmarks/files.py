@@ -69,12 +69,17 @@ def run_query(spark, bootstrap: str, topic: str, sink_format: str, path: Path, c
              .select(F.col("value").cast("string").alias("value"), "partition", "offset"))
     query = (frame.writeStream.format(sink_format).option("path", str(path))
              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    return run_to_end(query, started, sink_format)
+
+
+def run_to_end(query, started: float, name: str) -> tuple[float, int]:
+    """Wait for an availableNow query: seconds since `started`, and the micro-batches that had input."""
     if not query.awaitTermination(1800):
         query.stop()
-        raise TimeoutError(f"the {sink_format} query did not finish in 1800 s")
+        raise TimeoutError(f"the {name} query did not finish in 1800 s")
     seconds = time.monotonic() - started
     if query.exception() is not None:
-        raise RuntimeError(f"the {sink_format} query failed: {query.exception()}")
+        raise RuntimeError(f"the {name} query failed: {query.exception()}")
     batches = len([p for p in query.recentProgress if p.get("numInputRows", 0)])
     return seconds, batches
 

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from files import VALUE_SIZE, produce_input  # the same input as the file sink's benchmark
+from files import VALUE_SIZE, produce_input, run_to_end  # the same input as the file sink's benchmark
 
 TARGET = 0.8  # (b) / (a)
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -88,15 +88,7 @@ def run_query(spark, bootstrap: str, topic: str, variant: str, url: str, table: 
     else:
         writer = (writer.format("sparkeos.postgres").option("url", url).option("dbtable", table)
                   .option("deliveryGuarantee", "exactly_once" if variant == "b" else "at_least_once"))
-    query = writer.start()
-    if not query.awaitTermination(1800):
-        query.stop()
-        raise TimeoutError(f"the {VARIANTS[variant]} query did not finish in 1800 s")
-    seconds = time.monotonic() - started
-    if query.exception() is not None:
-        raise RuntimeError(f"the {VARIANTS[variant]} query failed: {query.exception()}")
-    batches = len([p for p in query.recentProgress if p.get("numInputRows", 0)])
-    return seconds, batches
+    return run_to_end(writer.start(), started, VARIANTS[variant])
 
 
 def verify(connection, table: str, records: int, partitions: int) -> str | None:

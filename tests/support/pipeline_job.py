@@ -222,12 +222,8 @@ def start_file_query(spark, args: argparse.Namespace):
         .option("path", args.sink_path)
         .option("format", args.sink_format)
         .option("partitionBy", "k")
-        .option("checkpointLocation", args.checkpoint)
-        .outputMode("append")
     )
-    if args.trigger_ms:
-        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
-    return writer.start()
+    return start_writer(writer, args)
 
 
 def start_postgres_query(spark, args: argparse.Namespace):
@@ -237,12 +233,8 @@ def start_postgres_query(spark, args: argparse.Namespace):
         .option("url", args.postgres_url)
         .option("dbtable", args.postgres_table)
         .option("createTable", "true")
-        .option("checkpointLocation", args.checkpoint)
-        .outputMode("append")
     )
-    if args.trigger_ms:
-        writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
-    return writer.start()
+    return start_writer(writer, args)
 
 
 def start_query(spark, args: argparse.Namespace):
@@ -255,13 +247,17 @@ def start_query(spark, args: argparse.Namespace):
         .writeStream.format("sparkeos.kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("topic", args.sink)
-        .option("checkpointLocation", args.checkpoint)
         .option("deliveryGuarantee", "exactly_once")
         .option("kafka.transaction.timeout.ms", str(args.transaction_timeout_ms))
-        .outputMode("append")
     )
     if args.transactional_id_prefix:
         writer = writer.option("transactionalIdPrefix", args.transactional_id_prefix)
+    return start_writer(writer, args)
+
+
+def start_writer(writer, args: argparse.Namespace):
+    """What every sink of the job shares: its checkpoint, append mode, and the trigger."""
+    writer = writer.option("checkpointLocation", args.checkpoint).outputMode("append")
     if args.trigger_ms:
         writer = writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     return writer.start()
