@@ -85,3 +85,13 @@ def test_a_bad_timeout_names_the_environment_variable(monkeypatch, cache, new_co
     monkeypatch.setenv(CONSUMER_TIMEOUT_ENV, value)
     with pytest.raises(ValueError, match=f"{CONSUMER_TIMEOUT_ENV} must be a positive duration"):
         cache.acquire("a", new_consumer)
+
+
+def test_a_client_forgotten_twice_is_closed_once(new_consumer):
+    closed = []
+    cache: ClientCache = ClientCache(4, closed.append, CONSUMER_TIMEOUT_ENV, "10m")
+    client = cache.acquire("a", new_consumer)
+    cache.forget(client)
+    cache.forget(client)
+    assert closed == [client]
+    client.close()

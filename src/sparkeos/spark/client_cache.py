@@ -123,12 +123,13 @@ class ClientCache(Generic[Client]):
                     entry.last_used = time.monotonic()
 
     def forget(self, client: Client) -> None:
-        """Drop and close a broken or fenced client, leased or not."""
+        """Drop and close a broken or fenced client, leased or not; one forgotten before is left alone."""
         with self.lock:
-            for key, entry in list(self.entries.items()):
-                if entry.client is client:
-                    del self.entries[key]
-        self._close_all([client])
+            keys = [key for key, entry in self.entries.items() if entry.client is client]
+            for key in keys:
+                del self.entries[key]
+        if keys:
+            self._close_all([client])
 
     def evict_idle(self, now: float | None = None) -> int:
         """Close every client that no task holds and that has been idle longer than the timeout."""

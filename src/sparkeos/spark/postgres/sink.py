@@ -67,6 +67,7 @@ class TaskTransaction:
     gid: str | None
     records: int = 0
     converters: list[Callable[[Any], Any] | None] = field(default_factory=list)
+    backend_pid: int = 0  # the server process of ``connection``
 
 
 def describe_url(url: str) -> str:
@@ -239,7 +240,8 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         except BaseException:
             connection.close()
             raise
-        return TaskTransaction(connection, gid, 0, [converter(c.dataType) for c in self.schema.fields])
+        return TaskTransaction(connection, gid, 0, [converter(c.dataType) for c in self.schema.fields],
+                               connection.info.backend_pid)
 
     def _abort_earlier_runs(self, connection: psycopg.Connection, query: str, batch: int) -> None:
         named = {h.id for d in PostgresDecisionLog(self, query, connection).unfinished() for h in d.handles}
@@ -285,17 +287,38 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
 
     def abort_transaction(self, transaction: TaskTransaction) -> None:
         connection = transaction.connection
-        if connection is None or connection.closed:
+        if connection is None:
             return
         try:
-            if transaction.gid is not None:
-                connection.tpc_rollback()  # rolls back the prepared transaction too, if PREPARE got that far
-            else:
-                connection.rollback()
+            if not connection.closed and not connection.broken:
+                if transaction.gid is not None:
+                    connection.tpc_rollback()  # rolls back the prepared transaction too, if PREPARE got that far
+                else:
+                    connection.rollback()
+                return
         except psycopg.Error:
-            pass  # a transaction whose session ends is rolled back by the server; a prepared one by the driver
+            pass  # a transaction whose session ends is rolled back by the server
         finally:
             connection.close()
+        if transaction.gid is not None:
+            self._roll_back_if_prepared(transaction)
+
+    def _roll_back_if_prepared(self, transaction: TaskTransaction) -> None:
+        """The PREPARE of a task whose connection was lost may have been carried out: roll back what it prepared,
+        so that its row locks do not hold up the task's retry until the driver's commit, which waits for that
+        retry. This attempt's handle never reaches the driver, so nothing else will commit it."""
+        try:
+            with self.connect() as connection:
+                # Until the old session has ended, its PREPARE may still be under way.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and connection.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [transaction.backend_pid]).fetchone():
+                    time.sleep(0.05)
+                if self._resolve(connection, transaction.gid, "ROLLBACK"):
+                    log.info("rolled back %s, prepared by a task whose connection was lost", transaction.gid)
+        except (psycopg.Error, PostgresSinkError) as error:
+            # The driver rolls it back after the batch's decision (step 7 of the protocol).
+            log.warning("could not roll back %s after its task failed: %s", transaction.gid, str(error).strip())
 
     # --- driver side ---
 

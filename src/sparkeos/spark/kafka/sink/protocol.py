@@ -26,8 +26,8 @@ Protocol
    marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
    Another query's marker (a ``transactionalIdPrefix`` reused with a new checkpoint) counts as none.
    Otherwise it begins a transaction, produces the records, then the marker record and the marker
-   offset, and commits. Any error aborts the transaction (or discards a fenced producer) and fails the
-   task; Spark's retry decides again from step 3.
+   offset, and commits. Any error aborts the transaction, discards the producer and fails the task;
+   Spark's retry decides again from step 3, on a new producer.
 4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a
    commit of T that is not this producer's last, another producer committed T after it, and so fenced it:
    it is replaced at once. Otherwise each transaction starts with the marker offset
@@ -38,6 +38,14 @@ Protocol
    transactions (``sparkeos.spark.client_cache``); the next task of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
+
+Why a producer is never used again after a failed transaction (step 3): when a Produce request reached Kafka
+but its answer was lost (a cut connection, a broker restart) and the transaction is then aborted while
+librdkafka still holds the batch for a retry, librdkafka drops the batch and sends the same sequence numbers,
+under the same producer id and epoch, in the producer's next transaction. Kafka's duplicate detection takes
+that batch for a retry of the aborted one and acknowledges it without storing it: the records are lost, yet
+their transaction commits. A new producer's ``init_transactions`` bumps the epoch and starts the sequences
+again, so nothing it sends can be mistaken for what an earlier attempt sent.
 
 What replay requires: Spark re-runs batch B from the offsets in its checkpoint, so (B, p) must
 receive the same records on replay: deterministic transformations (no unseeded ``rand()``,
@@ -89,6 +97,9 @@ log = logging.getLogger("sparkeos.sink")
 # is empty, starts the transaction again.
 BEGIN_TIMEOUT_S = 15.0
 STUCK_CALL_GRACE_S = 5.0
+# A failed transaction's abort: librdkafka waits for records whose Produce answer was lost until they time out
+# (as long as the transaction timeout), which the next producer's init_transactions does not need.
+ABORT_TIMEOUT_S = 5.0
 # Input a task holds in memory while its writer is set up: enough to keep the input moving through a set-up,
 # bounded so that a task's memory stays small.
 READ_AHEAD_BYTES = 64 * 1024 * 1024
@@ -161,10 +172,13 @@ class _TransactionalWriter(MarkerReader):
         return self.last_commit is not None and self.last_commit != (query_id, committed)
 
     def abort_quietly(self) -> None:
+        """Abort the open transaction of a producer about to be discarded, so that read_committed consumers need
+        not wait for the next producer of T to abort it; a bounded wait, since that next producer would."""
         try:
-            self.producer.abort_transaction(self.timeout_s)
+            self.producer.abort_transaction(ABORT_TIMEOUT_S)
         except KafkaException as exc:
-            log.warning("aborting the transaction of %s failed: %s", self.transactional_id, exc)
+            log.warning("aborting the transaction of %s failed (the next producer of the id aborts it): %s",
+                        self.transactional_id, exc)
 
 
 _writers: ClientCache[_TransactionalWriter] = ClientCache(64, _TransactionalWriter.close, PRODUCER_TIMEOUT_ENV,
@@ -221,16 +235,17 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         try:
             records = writer.write_and_commit(batch, query_id, pending)
         except KafkaException as exc:
-            # Step 3: any error aborts the transaction (or discards a fenced producer) and fails the task.
+            # Step 3: any error aborts the transaction, discards the producer and fails the task. A fenced or
+            # fatally failed producer has nothing to abort.
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.txn_requires_abort():
                 writer.abort_quietly()
-            else:
-                _writers.forget(writer)
+            _writers.forget(writer)
             _raise_if_timed_out(options, transactional_id, time.monotonic() - began, exc)
             raise
         except BaseException:
             writer.abort_quietly()
+            _writers.forget(writer)
             raise
         failpoints.fire("sink.after_commit")
         return SinkCommit(partition, batch, records, False, transactional_id)

@@ -37,7 +37,15 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
     partition = TaskContext.get().partitionId()
     key = json.dumps(options.producer_config(), sort_keys=True)
     with _plain_producers.lease(key, lambda: Producer(options.producer_config())) as producer:
-        records, errors, remaining = _produce_and_flush(producer, options, batches)
+        try:
+            records, errors, remaining = _produce_and_flush(producer, options, batches)
+        except BaseException:
+            _plain_producers.forget(producer)
+            raise
+        if errors or remaining:
+            # A write that failed may have landed: the next task starts on a new producer id rather than on
+            # sequence numbers this producer may have left ambiguous.
+            _plain_producers.forget(producer)
     if options.delivery_guarantee == "at_least_once":
         if remaining:
             raise TimeoutError(f"{remaining} records were not acknowledged in time")
