@@ -1,0 +1,228 @@
+"""A running query's Kafka connections under network faults: a broker that advertises a fault proxy, so that every
+connection of the query (the driver's, the source's readers', the sink's producers and marker readers) runs
+through it, and a thread that keeps injecting faults until the query has consumed its input.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkeos.broker.embedded import EmbeddedBroker
+from support.crash import STARTUP_TIMEOUT_S, Driver, InputFeeder, caught_up, job_output, wait_until_stable
+from support.spark import create_topic, unique, wait_for
+from support.tcp_proxy import TcpProxy
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+ADD_PARTITIONS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 26, 28
+
+
+@contextmanager
+def proxied_broker(directory: Path, **broker_options) -> Iterator[tuple[TcpProxy, EmbeddedBroker]]:
+    """A broker whose only advertised address is the proxy's: clients reach it through the proxy alone."""
+    with TcpProxy(seed=random.randrange(1 << 30)) as proxy, EmbeddedBroker(
+            directory, advertised_host="127.0.0.1", advertised_port=proxy.port, **broker_options) as broker:
+        proxy.target = ("127.0.0.1", broker.config.port)
+        yield proxy, broker
+
+
+def feed_input(bootstrap: str, topic: str, seed: int, records: int) -> InputFeeder:
+    """Plain records, committed and aborted transactions, at least `records` of them committed, all appended
+    before any fault: the input's own producers must not be what a fault breaks."""
+    feeder = InputFeeder(bootstrap, topic, seed, pause_s=0.0, chunk=(20, 60))
+    feeder.start()
+    wait_for(lambda: len(feeder.committed) >= records or not feeder.is_alive(), timeout_s=120, interval_s=0.05,
+             what=f"{records} input records")
+    feeder.stop()
+    return feeder
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault and how to see that it took effect."""
+
+    name: str
+    inject: Callable[[TcpProxy], None]
+    took_effect: Callable[[TcpProxy], bool]
+
+
+def dropped_answer(name: str, api_key: int) -> Fault:
+    """A request of `api_key` reaches the broker, its answer never reaches the client, the connection is cut."""
+    def inject(proxy: TcpProxy) -> None:
+        proxy.drop_answers(api_key, 1)
+
+    return Fault(name, inject, lambda proxy: proxy.answers_left_to_drop(api_key) == 0)
+
+
+def refused_connections(name: str, seconds: float, after_api: int | None = None) -> Fault:
+    """Every connection cut and new ones refused for `seconds`; with `after_api`, at the next request of that API
+    (END_TXN: mid-commit)."""
+    def inject(proxy: TcpProxy) -> None:
+        if after_api is not None:
+            seen = proxy.requests_seen(after_api)
+            deadline = time.monotonic() + 30
+            while proxy.requests_seen(after_api) == seen and time.monotonic() < deadline:
+                time.sleep(0.002)
+        proxy.refuse_for(seconds)
+
+    return Fault(name, inject, lambda proxy: not proxy.refusing())
+
+
+def slow_network(name: str, seconds: float, latency_s: float) -> Fault:
+    def inject(proxy: TcpProxy) -> None:
+        proxy.delay(latency_s)
+        time.sleep(seconds)
+        proxy.delay(0)
+
+    return Fault(name, inject, lambda proxy: True)
+
+
+def split_frames(name: str, seconds: float) -> Fault:
+    def inject(proxy: TcpProxy) -> None:
+        proxy.split_frames = True
+        time.sleep(seconds)
+        proxy.split_frames = False
+
+    return Fault(name, inject, lambda proxy: True)
+
+
+SOURCE_AND_DRIVER_FAULTS = (
+    dropped_answer("fetch answer dropped", FETCH),
+    dropped_answer("list-offsets answer dropped", LIST_OFFSETS),
+    dropped_answer("metadata answer dropped", METADATA),
+    refused_connections("connections refused", 2.0),
+    slow_network("latency 30 ms", 2.0, 0.03),
+    split_frames("frames split", 2.0),
+)
+SINK_FAULTS = (
+    dropped_answer("produce answer dropped", PRODUCE),
+    dropped_answer("add-partitions answer dropped", ADD_PARTITIONS_TO_TXN),
+    dropped_answer("txn-offset-commit answer dropped", TXN_OFFSET_COMMIT),
+    dropped_answer("end-txn answer dropped", END_TXN),
+    refused_connections("connections refused mid-commit", 2.0, after_api=END_TXN),
+)
+
+
+class FaultInjector(threading.Thread):
+    """Injects `faults` in turn, a random pause apart, until stopped; counts those that took effect."""
+
+    def __init__(self, proxy: TcpProxy, faults: tuple[Fault, ...], seed: int, pause_s: tuple[float, float] = (0.5, 2)):
+        super().__init__(name="fault-injector", daemon=True)
+        self.proxy, self.faults = proxy, faults
+        self.random = random.Random(seed)
+        self.pause_s = pause_s
+        self.stop_requested = threading.Event()
+        self.injected: Counter[str] = Counter()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            turn = 0
+            while not self.stop_requested.wait(self.random.uniform(*self.pause_s)):
+                fault = self.faults[turn % len(self.faults)]
+                turn += 1
+                fault.inject(self.proxy)
+                # A fault aimed at an API takes effect at that API's next request, which an idle query may not send.
+                deadline = time.monotonic() + 30
+                while not fault.took_effect(self.proxy) and not self.stop_requested.is_set():
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
+                if fault.took_effect(self.proxy):
+                    self.injected[fault.name] += 1
+                self.proxy.clear_faults()
+        except BaseException as exc:  # reported by stop()
+            self.failure = exc
+
+    def stop(self) -> Counter[str]:
+        """Stop injecting, withdraw faults not yet taken effect; returns the faults that took effect."""
+        self.stop_requested.set()
+        self.join(60)
+        assert not self.is_alive(), "the fault injector did not stop"
+        self.proxy.clear_faults()
+        if self.failure is not None:
+            raise AssertionError(f"the fault injector failed: {self.failure!r}") from self.failure
+        return self.injected
+
+
+class FaultyPipeline:
+    """A broker behind a fault proxy, a source topic fed before any fault, and a checkpoint: the set-up of a
+    Kafka -> Spark -> sink query (tests/support/pipeline_job.py) run under network faults."""
+
+    def __init__(self, directory: Path, proxy: TcpProxy, seed: int, records: int, partitions: int = 3):
+        self.directory, self.proxy, self.seed = directory, proxy, seed
+        self.bootstrap = proxy.address
+        self.source = create_topic(self.bootstrap, unique("in"), partitions=partitions)
+        self.feeder = feed_input(self.bootstrap, self.source, seed, records)
+        self.checkpoint = directory / "checkpoint"
+        self.driver: Driver | None = None
+
+    def job_args(self, *sink_args: str, records_per_batch: int = 150) -> list[str]:
+        """The job's arguments: this pipeline's source and checkpoint, Spark retrying failed tasks, `sink_args`."""
+        return ["--bootstrap", self.bootstrap, "--source", self.source, "--checkpoint", str(self.checkpoint),
+                "--master", "local[2,8]", "--max-offsets-per-trigger", str(records_per_batch), *sink_args]
+
+    def run(self, job_args: list[str], faults: tuple[Fault, ...],
+            more: tuple[FaultInjector, ...] = ()) -> Counter[str]:
+        """Run the job with `faults` on the broker's proxy (and the injectors `more` on other proxies) until it
+        consumed its input; every fault must have taken effect, and the driver must have ridden through."""
+        self.driver = Driver(self.directory, unique("tag"), job_args)
+        for injector in more:
+            injector.start()
+        try:
+            injected = run_under_faults(self.driver, self.checkpoint, self.bootstrap, self.source,
+                                        FaultInjector(self.proxy, faults, self.seed))
+            for injector in more:
+                injected += injector.stop()
+        finally:
+            for injector in more:
+                injector.stop_requested.set()
+        every = faults + tuple(fault for injector in more for fault in injector.faults)
+        print(f"seed {self.seed}: faults that took effect {dict(injected)}")
+        missing = [fault.name for fault in every if not injected[fault.name]]
+        assert not missing, f"faults that never took effect: {missing}; took effect: {dict(injected)}"
+        return injected
+
+    def expected(self) -> Counter:
+        return job_output(self.feeder.committed)
+
+    def aborted(self) -> Counter:
+        return job_output(self.feeder.aborted)
+
+    def close(self) -> None:
+        if self.driver is not None:
+            self.driver.kill()
+
+
+@contextmanager
+def faulty_pipeline(directory: Path, records: int) -> Iterator[FaultyPipeline]:
+    seed = random.randrange(1 << 30)
+    with proxied_broker(directory / "broker") as (proxy, _broker):
+        pipeline = FaultyPipeline(directory, proxy, seed, records)
+        try:
+            yield pipeline
+        finally:
+            pipeline.close()
+
+
+def run_under_faults(driver: Driver, checkpoint: Path, bootstrap: str, source: str,
+                     injector: FaultInjector) -> Counter[str]:
+    """Start the driver and inject faults until the query has consumed its input; return the faults that took
+    effect. The driver must ride through them without dying."""
+    ends = wait_until_stable(bootstrap, source)
+    driver.start(0)
+    driver.wait_running(STARTUP_TIMEOUT_S)
+    injector.start()
+    try:
+        wait_for(lambda: caught_up(checkpoint, source, ends) or not driver.alive() or not injector.is_alive(),
+                 timeout_s=300, interval_s=0.5, what="the query to consume its input under network faults")
+    finally:
+        injected = injector.stop()
+    assert driver.alive(), f"the driver died under network faults {dict(injected)}:\n{driver.error_tail()}"
+    return injected
