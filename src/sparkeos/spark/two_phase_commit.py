@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -57,7 +58,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from . import failpoints
+from . import failpoints, metric_events
 from .gc_pause import cyclic_gc_paused
 from .reports import log, report, report_level
 
@@ -145,6 +146,8 @@ class DecisionLog(ABC):
 
 class TwoPhaseCommitSink(ABC, Generic[Transaction]):
     """What a sink implements. Instances are pickled to executors: keep them small, open connections lazily."""
+
+    format_name = "two-phase-commit"  # the data source's name (``sparkeos.files``), as metrics label the sink
 
     # --- executor side ---
 
@@ -300,6 +303,19 @@ def _summary(sink: TwoPhaseCommitSink, decision: Decision, handles: list[Handle]
     return text
 
 
+def _emit_commit(sink: TwoPhaseCommitSink, query: str, batch: int, decision: Decision, handles: list[Handle],
+                 seconds: float) -> None:
+    """The batch's event for the metrics exporter. A batch decided before (a replay) made nothing visible now:
+    its own transactions were aborted, and count as skipped."""
+    decided_now = not decision.handles or not {h.id for h in handles}.isdisjoint(h.id for h in decision.handles)
+    if decided_now:
+        metric_events.sink_batch(sink.format_name, query, batch, "committed", committed=len(decision.handles),
+                                 records=sum(h.records for h in decision.handles), commit_seconds=[seconds])
+    else:
+        metric_events.sink_batch(sink.format_name, query, batch, "committed", skipped=len(handles),
+                                 commit_seconds=[seconds])
+
+
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
     """Spark's stream writer for a :class:`TwoPhaseCommitSink`."""
 
@@ -316,12 +332,15 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         if query is None:
             return
         handles = _handles(messages)
+        started = time.monotonic()
         decision = commit_batch(self.sink, query, batchId, handles)
         report(logging.INFO, _summary(self.sink, decision, handles))
+        _emit_commit(self.sink, query, batchId, decision, handles, time.monotonic() - started)
 
     def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         query = _query_of(messages)
         aborted = abort_batch(self.sink, query, batchId, _handles(messages)) if query else 0
+        metric_events.sink_batch(self.sink.format_name, query, batchId, "aborted", aborted=aborted)
         report(logging.WARNING, f"batch {batchId} aborted by Spark: {aborted} pre-committed transactions aborted; "
                                 "Spark re-runs the batch")
 
@@ -341,9 +360,12 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list) -> None:
         handles = _handles(messages)
+        started = time.monotonic()
         decision = commit_batch(self.sink, self.query, 0, handles)
         report(logging.INFO, _summary(self.sink, decision, handles))
+        _emit_commit(self.sink, self.query, 0, decision, handles, time.monotonic() - started)
 
     def abort(self, messages: list) -> None:
         aborted = abort_batch(self.sink, self.query, 0, _handles(messages))
+        metric_events.sink_batch(self.sink.format_name, self.query, 0, "aborted", aborted=aborted)
         report(logging.WARNING, f"write {self.query} aborted by Spark: {aborted} pre-committed transactions aborted")

@@ -88,6 +88,8 @@ class StagedFiles:
 
 
 class FileSink(TwoPhaseCommitSink[StagedFiles]):
+    format_name = "sparkeos.files"
+
     def __init__(self, options: FileSinkOptions):
         self.options = options
         self._fs: tuple[pafs.FileSystem, str] | None = None

@@ -83,6 +83,8 @@ def describe_url(url: str) -> str:
 
 
 class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
+    format_name = "sparkeos.postgres"
+
     def __init__(self, options: PostgresSinkOptions, schema: StructType):
         self.options = options
         self.schema = schema

@@ -148,23 +148,28 @@ class _TransactionalWriter(MarkerReader):
             self.stuck = True
             raise
 
-    def write_and_commit(self, batch: int, query_id: str | None, batches: Iterator[pa.RecordBatch]) -> int:
+    def write_and_commit(self, batch: int, query_id: str | None, batches: Iterator[pa.RecordBatch],
+                         records_by_topic: dict[str, int] | None = None) -> tuple[int, float]:
         """Step 3, in the open transaction: the records, then the marker record, then the commit (step 2: the
-        marker commits with the records, or neither does)."""
+        marker commits with the records, or neither does). Returns (records, seconds the commit took); counts
+        the records by topic into `records_by_topic`."""
         records = 0
         for arrow_batch in batches:
             rows = Rows(arrow_batch, self.options.topic)
             rows.produce_all(self.producer)
             records += rows.count
+            if records_by_topic is not None:
+                rows.count_by_topic(records_by_topic)
         # The marker record goes last, so it holds back the marker partition's LSO only for the commit.
         marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id}
         # The data may have filled the producer's queue: wait for room, as for the records themselves.
         produce(self.producer, {"topic": self.marker.topic, "key": self.transactional_id.encode(),
                                 "value": json.dumps(marker).encode(), "partition": self.marker.partition})
         failpoints.fire("sink.before_commit")
+        committing = time.monotonic()
         self.producer.commit_transaction(self.timeout_s)
         self.last_commit = (query_id, batch)
-        return records
+        return records, time.monotonic() - committing
 
     def superseded(self, query_id: str | None, committed: int | None) -> bool:
         """Step 4: whether the marker shows a commit of T newer than this producer's last: another producer of T,
@@ -232,8 +237,9 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
                 writer = _writers.acquire(key, create)
                 committed = writer.last_committed_batch(query_id, scan_records=scan_records)
         # Step 3: the records, then the marker record, then the commit.
+        by_topic: dict[str, int] = {}
         try:
-            records = writer.write_and_commit(batch, query_id, pending)
+            records, commit_seconds = writer.write_and_commit(batch, query_id, pending, by_topic)
         except KafkaException as exc:
             # Step 3: any error aborts the transaction, discards the producer and fails the task. A fenced or
             # fatally failed producer has nothing to abort.
@@ -248,7 +254,7 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             _writers.forget(writer)
             raise
         failpoints.fire("sink.after_commit")
-        return SinkCommit(partition, batch, records, False, transactional_id)
+        return SinkCommit(partition, batch, records, False, transactional_id, by_topic, commit_seconds)
     finally:
         put_back(writer)
 

@@ -21,6 +21,15 @@ class Rows:
         self.headers = batch.column(names["headers"]).to_pylist() if "headers" in names else None
         self.default_topic = default_topic
 
+    def count_by_topic(self, counts: dict[str, int]) -> None:
+        """Add this batch's records to `counts`, by the topic each goes to."""
+        if self.topics is None:
+            counts[self.default_topic] = counts.get(self.default_topic, 0) + self.count
+            return
+        for topic in self.topics:
+            topic = topic if topic is not None else self.default_topic
+            counts[topic] = counts.get(topic, 0) + 1
+
     def produce_all(self, producer: Producer, on_delivery=None) -> None:
         if self.topics is None and self.partitions is None and self.headers is None:
             self._produce_simple(producer, on_delivery)

@@ -38,7 +38,7 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
     key = json.dumps(options.producer_config(), sort_keys=True)
     with _plain_producers.lease(key, lambda: Producer(options.producer_config())) as producer:
         try:
-            records, errors, remaining = _produce_and_flush(producer, options, batches)
+            records, errors, remaining, by_topic = _produce_and_flush(producer, options, batches)
         except BaseException:
             _plain_producers.forget(producer)
             raise
@@ -53,12 +53,12 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
             raise KafkaException(errors[0])
     elif errors or remaining:
         log.warning("deliveryGuarantee=none: %d records failed, %d unacknowledged", len(errors), remaining)
-    return SinkCommit(partition, batch, records, False, None)
+    return SinkCommit(partition, batch, records, False, None, by_topic)
 
 
 def _produce_and_flush(producer: Producer, options: SinkOptions,
-                       batches: Iterator[pa.RecordBatch]) -> tuple[int, list[KafkaError], int]:
-    """(records handed over, delivery errors, records still unacknowledged after the flush)."""
+                       batches: Iterator[pa.RecordBatch]) -> tuple[int, list[KafkaError], int, dict[str, int]]:
+    """(records handed over, delivery errors, records still unacknowledged after the flush, records by topic)."""
     errors: list[KafkaError] = []
 
     def on_delivery(error, _message) -> None:
@@ -66,9 +66,11 @@ def _produce_and_flush(producer: Producer, options: SinkOptions,
             errors.append(error)
 
     records = 0
+    by_topic: dict[str, int] = {}
     for arrow_batch in batches:
         rows = Rows(arrow_batch, options.topic)
         rows.produce_all(producer, on_delivery)
         records += rows.count
+        rows.count_by_topic(by_topic)
     remaining = producer.flush(options.transaction_timeout_ms / 1000 + 30)
-    return records, errors, remaining
+    return records, errors, remaining, by_topic

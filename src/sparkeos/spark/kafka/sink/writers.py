@@ -18,7 +18,7 @@ from ...gc_pause import cyclic_gc_paused
 from ...reports import report, report_level
 from ..options import SinkOptions
 from .protocol import write_exactly_once
-from .reports import SinkCommit, report_commit
+from .reports import SinkCommit, emit_abort, emit_commit, report_commit
 from .without_transactions import write_without_transactions
 
 
@@ -31,6 +31,10 @@ def _task_context() -> tuple[int, int, str | None]:
     return context.partitionId(), int(batch) if batch is not None else 0, query
 
 
+def _query_of(messages: list) -> str | None:
+    return next((m.query_id for m in messages if isinstance(m, SinkCommit) and m.query_id), None)
+
+
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, marker_partitions: int):
         report_level()  # a bad SPARKEOS_LOG_LEVEL fails the query at its start, not at its first commit
@@ -41,16 +45,21 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         partition, batch, query_id = _task_context()
         with cyclic_gc_paused():
             if self.options.delivery_guarantee != "exactly_once":
-                return write_without_transactions(self.options, batch, iterator)
-            prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
-            return write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id,
-                                      self.marker_partitions, iterator)
+                done = write_without_transactions(self.options, batch, iterator)
+            else:
+                prefix = self.options.transactional_id_prefix or f"sparkeos-{query_id}"
+                done = write_exactly_once(self.options, f"{prefix}-{partition}", batch, query_id,
+                                          self.marker_partitions, iterator)
+        done.query_id = query_id
+        return done
 
     def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         failpoints.fire("sink.driver_commit")
         report(logging.INFO, report_commit(messages, batchId, self.options.delivery_guarantee))
+        emit_commit(messages, _query_of(messages), batchId)
 
     def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
+        emit_abort(_query_of(messages), batchId)
         done = [m for m in messages if isinstance(m, SinkCommit)]
         report(logging.WARNING, f"batch {batchId} aborted by Spark: {len(done)} of {len(messages)} tasks had finished; "
                                 "Spark re-runs the batch and tasks whose marker shows it committed write nothing")
@@ -74,6 +83,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list) -> None:
         report(logging.INFO, report_commit(messages, 0, self.options.delivery_guarantee))
+        emit_commit(messages, None, 0)
 
     def abort(self, messages: list) -> None:
         done = len([m for m in messages if isinstance(m, SinkCommit)])
