@@ -119,11 +119,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             encoded[BATCH_START_KEY] = start
         return encoded
 
-    def reportLatestOffset(self) -> dict | None:  # noqa: N802 - Spark's name
-        """The partitions' ends as the last planning saw them: Spark shows them in the query's progress as the
-        source's latestOffset, beside its endOffset, and their difference is the query's lag."""
-        return encode_offsets(self.latest_seen) if self.latest_seen is not None else None
-
     def _settle_starts_past_the_target(self, begin: Offsets, target: Offsets) -> None:
         """Spark fixes the Trigger.AvailableNow target before it asks for the initial offsets, so with
         startingOffsets=latest (or a timestamp) records written in between put a start past the target. Such a
