@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ruff_clean() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks"],
+        [sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks", "scripts"],
         cwd=ROOT,
         capture_output=True,
         text=True,
