@@ -307,6 +307,7 @@ def test_every_advertised_data_path_version(broker: EmbeddedBroker, topic_name: 
     try:
         versions = {k.api_key: (k.min_version, k.max_version)
                     for k in wire.request(ApiVersionsRequest(), ApiVersionsResponse, 0).api_keys}
+        wire.metadata([topic_name])  # creates the topic: Produce never does
         topic_data = ProduceRequest.TopicProduceData
         produce_versions = [v for v in range(versions[0][0], versions[0][1] + 1) if v >= 3]
         for n, version in enumerate(produce_versions):

@@ -31,13 +31,14 @@ def create_topic(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
 
 
 def produce(bootstrap: str, topic: str, indexes: range, timestamp_ms: int | None = None) -> None:
-    # One record per batch, so segments hold several batches and roll at batch boundaries.
+    # One record per batch, so segments hold several batches and roll at batch boundaries. Keyed, as a
+    # compacted topic requires.
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1})
     for i in indexes:
         if timestamp_ms is None:
-            producer.produce(topic, value=value(i), partition=0)
+            producer.produce(topic, value=value(i), key=b"%d" % i, partition=0)
         else:
-            producer.produce(topic, value=value(i), partition=0, timestamp=timestamp_ms)
+            producer.produce(topic, value=value(i), key=b"%d" % i, partition=0, timestamp=timestamp_ms)
     assert producer.flush(TIMEOUT) == 0
 
 

@@ -21,6 +21,7 @@ from kafka.record.memory_records import MemoryRecords
 
 PRODUCE_VERSION = 8
 LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
 
 
 def split_address(bootstrap: str) -> tuple[str, int]:
@@ -144,11 +145,17 @@ class WireClient:
         return response.responses[0].partition_responses[0]
 
     def log_end_offset(self, topic: str, partition: int, version: int = 1) -> int:
+        return self._list_offset(topic, partition, LATEST_TIMESTAMP, version)
+
+    def log_start_offset(self, topic: str, partition: int, version: int = 1) -> int:
+        return self._list_offset(topic, partition, EARLIEST_TIMESTAMP, version)
+
+    def _list_offset(self, topic: str, partition: int, timestamp: int, version: int) -> int:
         Topic = ListOffsetsRequest.ListOffsetsTopic
         request = ListOffsetsRequest(
             replica_id=-1,
             topics=[Topic(name=topic, partitions=[
-                Topic.ListOffsetsPartition(partition_index=partition, timestamp=LATEST_TIMESTAMP)
+                Topic.ListOffsetsPartition(partition_index=partition, timestamp=timestamp)
             ])],
         )
         response = self.request(request, ListOffsetsResponse, version)

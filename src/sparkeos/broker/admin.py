@@ -146,6 +146,7 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         ("transaction.state.log.replication.factor", "1", "3", SHORT),
         ("transaction.state.log.min.isr", "1", "2", INT),
         ("socket.request.max.bytes", str(config.max_request_bytes), "104857600", INT),
+        ("queued.max.request.bytes", str(config.queued_max_request_bytes), "-1", LONG),
         ("message.max.bytes", topic["max.message.bytes"], "1048588", INT),
         ("compression.type", topic["compression.type"], "producer", STRING),
         ("log.cleanup.policy", topic["cleanup.policy"], "delete", LIST),

@@ -42,6 +42,9 @@ class BrokerConfig:
     auto_create_topics: bool = True
     num_partitions: int = 1
     max_request_bytes: int = 100 * 1024 * 1024
+    # Kafka's queued.max.request.bytes (unbounded there by default): the request bytes read and not yet
+    # handled, over all connections; 0 or less is unbounded. Otherwise at least max_request_bytes, as Kafka requires.
+    queued_max_request_bytes: int = 256 * 1024 * 1024
     group_initial_rebalance_delay_ms: int = 0
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1800000
@@ -57,6 +60,8 @@ class BrokerConfig:
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
+        if 0 < config.queued_max_request_bytes < config.max_request_bytes:
+            raise ValueError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
         self.config = config
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -91,8 +96,10 @@ class Broker:
 
     # -- topics ------------------------------------------------------------------------------
 
-    def topic_for_produce_or_metadata(self, name: str, allow_auto_create: bool = True) -> Topic | None:
-        """The topic, auto-created when the broker allows it (raises InvalidTopic on bad names)."""
+    def topic_for_metadata(self, name: str, allow_auto_create: bool = True) -> Topic | None:
+        """The topic, auto-created when the broker allows it (raises InvalidTopic on bad names).
+
+        Only Metadata creates topics, as in Kafka: Produce to a topic that does not exist is refused."""
         topic = self.store.get(name)
         if topic is None and allow_auto_create and self.config.auto_create_topics:
             validate_topic_name(name)

@@ -31,11 +31,13 @@ _INT32 = struct.Struct(">i")
 
 
 class InvalidBatch(Exception):
-    """A batch Kafka would refuse; `error_code` is the code it answers with."""
+    """A batch Kafka would refuse; `error_code` is the code it answers with, `record_errors` the
+    (index in the batch, message) of each record that failed on its own (Produce v8+ reports them)."""
 
-    def __init__(self, error_code: int, message: str) -> None:
+    def __init__(self, error_code: int, message: str, record_errors: list[tuple[int, str]] | None = None) -> None:
         super().__init__(message)
         self.error_code = error_code
+        self.record_errors = record_errors or []
 
 
 @dataclass(slots=True)
@@ -119,6 +121,9 @@ def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memory
             raise InvalidBatch(INVALID_RECORD, "lastOffsetDelta does not match the record count")
         if header.is_control:
             raise InvalidBatch(INVALID_RECORD, "clients may not produce control batches")
+        if header.producer_id >= 0 and header.base_sequence < 0:
+            raise InvalidBatch(INVALID_RECORD, f"Invalid sequence number {header.base_sequence} in record batch "
+                                               f"with producerId {header.producer_id}")
         batches.append((header, batch))
         pos += size
     if not batches:

@@ -5,10 +5,16 @@ Heartbeat behind it in our code) but started in arrival order and answered in ar
 as Kafka clients expect. A frame that cannot be understood closes only its own connection.
 
 Frames are received straight into buffers of their own: small ones through a fixed staging
-buffer, a large one (a Produce of a big batch) into a buffer of its exact size that the socket
-fills directly. A frame's bytes are then never copied again on their way to the log: the
-Produce decoder hands out views of them, the log stamps offsets into them in place and writes
-them from there.
+buffer, a large one (a Produce of a big batch) into a buffer of its own that the socket fills
+directly, grown (doubling) as its bytes arrive up to the size the frame announced, so a peer
+that announces a large request and sends little of it costs little. A frame's bytes are then
+not copied again on their way to the log: the Produce decoder hands out views of them, the log
+stamps offsets into them in place and writes them from there.
+
+Memory for requests is bounded across connections as Kafka bounds it (`queued.max.request.bytes`,
+`RequestMemory`): a frame holds its announced size from the moment it is let in until its handler
+has finished, and while the bound is reached no connection starts reading another large frame.
+A frame larger than `socket.request.max.bytes` closes its connection as soon as its size is read.
 """
 
 from __future__ import annotations
@@ -33,6 +39,41 @@ STAGING_BYTES = 64 * 1024
 _SIZE = struct.Struct(">i")
 
 
+class RequestMemory:
+    """The bytes of requests being read or handled, over every connection (Kafka's queued.max.request.bytes).
+
+    As Kafka's memory pool does in its default, non-strict mode, a frame is let in while the total is
+    below the limit, even if it takes the total past it: so a request of socket.request.max.bytes is
+    always let in once the requests before it are done. A limit of 0 or less is no limit. Frames that
+    fit in a connection's staging buffer are always let in (counted all the same): their bytes are
+    already in memory, each connection holds few of them, and so small requests such as heartbeats
+    keep flowing while large ones wait.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiting: dict[Connection, None] = {}  # in arrival order
+
+    def take(self, size: int, connection: Connection, force: bool = False) -> bool:
+        """Count `size` bytes for a frame; False (and `connection` told when memory is back) if it must wait."""
+        if force or size <= STAGING_BYTES or self.limit <= 0 or self.used < self.limit:
+            self.used += size
+            return True
+        self._waiting[connection] = None
+        return False
+
+    def give_back(self, size: int) -> None:
+        self.used -= size
+        if self._waiting and self.used < self.limit:
+            waiting, self._waiting = self._waiting, {}
+            for connection in waiting:
+                connection.memory_available()
+
+    def forget(self, connection: Connection) -> None:
+        self._waiting.pop(connection, None)
+
+
 def _request_is_flexible(api_key: int, version: int) -> bool:
     entry = APIS.get(api_key)
     if entry is None:
@@ -46,12 +87,15 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, broker: Broker, server: BrokerServer) -> None:
         self.broker = broker
         self.server = server
+        self.memory = server.memory
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._stage = bytearray(STAGING_BYTES)
         self._staged = 0
         self._frame: bytearray | None = None  # a frame larger than the stage, being received into
+        self._frame_size = 0  # its announced size; len(self._frame) grows towards it
         self._filled = 0
+        self._waiting_for_memory = False
         # Handler tasks in request order; None ends the connection once the ones before it are answered.
         self._responses: deque[asyncio.Task | None] = deque()
         self._response_queued = asyncio.Event()
@@ -77,17 +121,28 @@ class Connection(asyncio.BufferedProtocol):
         self._writer = asyncio.get_running_loop().create_task(self._write_responses())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._frame is not None:
+        frame = self._frame
+        if frame is not None:
+            if self._filled == len(frame):
+                self._grow_frame(frame)
             return memoryview(self._frame)[self._filled :]
         return memoryview(self._stage)[self._staged :]
+
+    def _grow_frame(self, frame: bytearray) -> None:
+        """Room for more of the frame: twice what it has, up to its announced size."""
+        more = min(self._frame_size, max(2 * len(frame), 2 * STAGING_BYTES)) - len(frame)
+        try:
+            frame += bytes(more)  # in place: no view of it is held between reads
+        except BufferError:
+            self._frame = frame + bytes(more)
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._frame is not None:
             self._filled += nbytes
-            if self._filled < len(self._frame):
+            if self._filled < self._frame_size:
                 return
             frame, self._frame = self._frame, None
-            self._receive(self._dispatch, frame)
+            self._receive(self._dispatch, frame, self._frame_size)
         else:
             self._staged += nbytes
             self._receive(self._take_staged_frames)
@@ -123,7 +178,8 @@ class Connection(asyncio.BufferedProtocol):
             self._stop_reading()
 
     def _take_staged_frames(self, limited: bool = True) -> None:
-        """Dispatch the whole frames in the stage, up to the in-flight limit; keep the rest for later."""
+        """Dispatch the whole frames in the stage, up to the in-flight limit and as request memory allows;
+        keep the rest for later."""
         stage = self._stage
         max_bytes = self.broker.config.max_request_bytes
         # Unlimited: no frame is shorter than its 4-byte size, so the stage holds fewer than len(stage) of them.
@@ -134,24 +190,35 @@ class Connection(asyncio.BufferedProtocol):
             if size < 0 or size > max_bytes:
                 raise MalformedRequest(f"request of {size} bytes exceeds socket.request.max.bytes ({max_bytes})")
             start, end = pos + _SIZE.size, pos + _SIZE.size + size
-            if end <= self._staged:
-                self._dispatch(bytearray(memoryview(stage)[start:end]))
+            whole = end <= self._staged
+            if not whole and _SIZE.size + size <= len(stage):
+                break  # the rest of a small frame is still to come
+            if not self.memory.take(size, self, force=not limited):
+                self._wait_for_memory()
+                break
+            if whole:
+                self._dispatch(bytearray(memoryview(stage)[start:end]), size)
                 pos, room = end, room - 1
                 continue
-            if _SIZE.size + size > len(stage):
-                # Too big for the stage: the rest of it goes straight from the socket into its own buffer.
-                frame = bytearray(size)
-                frame[: self._staged - start] = memoryview(stage)[start : self._staged]
-                self._frame, self._filled = frame, self._staged - start
-                pos = self._staged
+            # Too big for the stage: the rest of it goes straight from the socket into its own buffer.
+            self._frame = bytearray(memoryview(stage)[start : self._staged])
+            self._frame_size, self._filled = size, self._staged - start
+            pos = self._staged
             break
         rest = self._staged - pos
         if pos and rest:
             stage[:rest] = memoryview(stage)[pos : self._staged]
         self._staged = rest
 
-    def _dispatch(self, frame: bytearray) -> None:
-        self._responses.append(self._start(memoryview(frame)))
+    def _dispatch(self, frame: bytearray, size: int) -> None:
+        """Start handling a received frame, which holds `size` bytes of request memory until its handler ends."""
+        try:
+            task = self._start(memoryview(frame))
+        except BaseException:
+            self.memory.give_back(size)
+            raise
+        task.add_done_callback(lambda _: self.memory.give_back(size))
+        self._responses.append(task)
         self._response_queued.set()
 
     def _start(self, frame: memoryview) -> asyncio.Task:
@@ -183,16 +250,33 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._reading_done = True
         self._pause_reading()
+        self.memory.forget(self)
+        self._waiting_for_memory = False
+        if self._frame is not None:  # a frame that will never be whole
+            self._frame = None
+            self.memory.give_back(self._frame_size)
         self._responses.append(None)
         self._response_queued.set()
 
+    def _wait_for_memory(self) -> None:
+        self._waiting_for_memory = True
+        self._pause_reading()
+
+    def memory_available(self) -> None:
+        """Called by RequestMemory when a frame this connection could not start may be let in now."""
+        self._waiting_for_memory = False
+        if self.transport is None or self.transport.is_closing():
+            return  # aborted (broker shutdown) and not yet told: nothing more is started on it
+        self._resume_reading()
+
     def _resume_reading(self) -> None:
-        """Below the in-flight limit again: frames held in the stage first, then the socket."""
+        """Below the in-flight limit again, or memory is back: frames held in the stage first, then the socket."""
         assert self.transport is not None
-        if not self._reading_paused or self._reading_done:
+        if not self._reading_paused or self._reading_done or self._waiting_for_memory:
             return
         self._receive(self._take_staged_frames)
-        if len(self._responses) < MAX_IN_FLIGHT_PER_CONNECTION and not self._reading_done:
+        if (len(self._responses) < MAX_IN_FLIGHT_PER_CONNECTION and not self._reading_done
+                and not self._waiting_for_memory):
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -270,6 +354,7 @@ class BrokerServer:
         self.broker = broker
         self.server: asyncio.Server | None = None
         self.connections: set[Connection] = set()
+        self.memory = RequestMemory(broker.config.queued_max_request_bytes)
         self.stopping = False
 
     async def start(self) -> int:

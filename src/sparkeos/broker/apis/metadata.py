@@ -56,7 +56,7 @@ async def handle_metadata(broker, context, request):
                 found = broker.store.by_id(wanted.topic_id)
                 name = found.name if found else None
             try:
-                topic = broker.topic_for_produce_or_metadata(name, allow_auto_create=allow) if name else None
+                topic = broker.topic_for_metadata(name, allow_auto_create=allow) if name else None
             except InvalidTopic:
                 topics.append(Topic_(error_code=InvalidTopic.error_code, name=name, partitions=[]))
                 continue

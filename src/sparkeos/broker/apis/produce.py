@@ -1,11 +1,23 @@
-"""Produce (0): validate batches, check producer sequences, append, and acknowledge per acks.
+"""Produce (0): validate batches and every record in them, check producer sequences, append, and
+acknowledge per acks.
+
+A topic the broker does not have is UNKNOWN_TOPIC_OR_PARTITION: as in Kafka, only Metadata creates
+topics, and clients ask it before they produce. Each record is read before its batch is appended
+(record_validation.py; a compressed batch is decompressed for it), and a batch with one record that
+cannot be read is refused whole; the per-record `record_errors` of v8+ report the records a
+compacted topic refuses for having no key.
 
 Leaves out:
 - message formats v0 and v1 (magic 0 and 1), the only ones clients of Produce v0-v2 send: every
   partition must hold exactly one magic-2 batch;
 - `timeout_ms`: with one replica there is nothing to wait for but the fsync of acks=-1;
-- per-record errors (`record_errors`, v8+): a refused batch gets one error for its partition;
-- recompression: batches are stored as received, so a topic's `compression.type` can only be `producer`.
+- recompression: batches are stored as received, so a topic's `compression.type` can only be
+  `producer`, and a batch whose record offset deltas are not 0, 1, 2... is refused where Kafka would
+  rewrite it;
+- record timestamp checks (`message.timestamp.before.max.ms` / `after.max.ms` are not topic configs
+  here): every timestamp is accepted;
+- the records of snappy, lz4 and zstd batches when python-snappy, lz4 or zstandard is not installed:
+  such a batch is stored without its records being read.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import logging
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from ..compression import ZSTD
 from ..dispatch import api
 from ..errors import (
     CORRUPT_MESSAGE,
@@ -21,13 +34,13 @@ from ..errors import (
     INVALID_REQUIRED_ACKS,
     KAFKA_STORAGE_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
+    UNSUPPORTED_COMPRESSION_TYPE,
 )
 from ..produce_decoding import MIN_VERSION as FIRST_DEDICATED_VERSION
 from ..produce_decoding import decode_produce_request
 from ..protocol import decode_generic
-from ..records import InvalidBatch
+from ..records import ATTR_COMPRESSION_MASK, InvalidBatch
 from ..storage.producer_state import SequenceError
-from ..storage.topics import InvalidTopic
 
 log = logging.getLogger("sparkeos.broker.produce")
 
@@ -35,12 +48,20 @@ LOG_OVERHEAD = 12
 HEADER_SIZE_UP_TO_MAGIC = 17
 RECORD_OVERHEAD_V0 = 14
 
+FIRST_ZSTD_VERSION = 7
+ATTRIBUTES_LOW_BYTE = 22  # the byte of the batch attributes that holds the compression codec
+
 TopicResponse = ProduceResponse.TopicProduceResponse
 PartitionResponse = TopicResponse.PartitionProduceResponse
+RecordError = PartitionResponse.BatchIndexAndErrorMessage
 
 
-def _error(index: int, code: int, message: str | None = None) -> PartitionResponse:
-    return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=message)
+def _error(index: int, code: int, message: str | None = None,
+           record_errors: list[tuple[int, str]] | None = None) -> PartitionResponse:
+    return PartitionResponse(
+        index=index, error_code=code, base_offset=-1, error_message=message,
+        record_errors=[RecordError(batch_index=i, batch_index_error_message=m) for i, m in record_errors or []],
+    )
 
 
 def decode_request(body: memoryview, version: int):
@@ -105,6 +126,10 @@ def validate_produce_records(version: int, records: bytes | memoryview) -> None:
     if records[16] != 2:
         raise InvalidBatch(INVALID_RECORD, f"Produce requests with version {version} are only allowed to contain "
                                            "record batches with magic version 2")
+    if version < FIRST_ZSTD_VERSION and len(records) > ATTRIBUTES_LOW_BYTE and (
+            records[ATTRIBUTES_LOW_BYTE] & ATTR_COMPRESSION_MASK == ZSTD):
+        raise InvalidBatch(UNSUPPORTED_COMPRESSION_TYPE, f"Produce requests with version {version} are not allowed "
+                                                         "to use ZStandard compression")
     if _whole_batch_size(records, size) is not None:
         raise InvalidBatch(INVALID_RECORD, f"Produce requests with version {version} are only allowed to contain "
                                            "exactly one record batch per partition")
@@ -115,12 +140,9 @@ def validate_produce_records(version: int, records: bytes | memoryview) -> None:
 def append_partition(broker, request, topic_name: str, partition_data, touched: list,
                      version: int = 3) -> PartitionResponse:
     index = partition_data.index
-    try:
-        topic = broker.topic_for_produce_or_metadata(topic_name)
-    except InvalidTopic as exc:
-        return _error(index, InvalidTopic.error_code, str(exc))
-    partition_log = broker.partition(topic_name, index) if topic is not None else None
+    partition_log = broker.partition(topic_name, index)
     if partition_log is None:
+        # Also for a name no topic could have, as Kafka answers (its metadata cache has no such topic).
         return _error(index, UNKNOWN_TOPIC_OR_PARTITION)
     records = partition_data.records
     if records is None:
@@ -130,8 +152,10 @@ def append_partition(broker, request, topic_name: str, partition_data, touched: 
         if len(records) == 0:
             return _error(index, CORRUPT_MESSAGE, "no records")
         broker.check_transactional_produce(request, topic_name, index, records)
-        result = partition_log.append(records)
-    except (InvalidBatch, SequenceError) as exc:
+        result = partition_log.append(records, max_uncompressed_bytes=broker.config.max_request_bytes)
+    except InvalidBatch as exc:
+        return _error(index, exc.error_code, str(exc), exc.record_errors)
+    except SequenceError as exc:
         return _error(index, exc.error_code, str(exc))
     except OSError as exc:
         log.error("append to %s-%d failed: %s", topic_name, index, exc)

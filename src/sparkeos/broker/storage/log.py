@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import INVALID_RECORD, MESSAGE_TOO_LARGE, OFFSET_OUT_OF_RANGE
 from ..leader_epoch import LEADER_EPOCH
+from ..record_validation import validate_records
 from ..records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
@@ -37,6 +38,8 @@ LOG_START_FILE = "log-start-offset"
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 3
 ABORTED_INDEX_FILE = "aborted-transactions.journal"
+# Kafka's socket.request.max.bytes: what an uncompressed batch of the same records could have weighed.
+DEFAULT_MAX_UNCOMPRESSED_BYTES = 100 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -46,6 +49,7 @@ class LogConfig:
     retention_bytes: int = -1
     log_append_time: bool = False
     max_message_bytes: int = 1048588
+    compacted: bool = False  # cleanup.policy has compact: every produced record needs a key
 
 
 @dataclass(slots=True, frozen=True)
@@ -214,13 +218,17 @@ class PartitionLog:
 
     # -- appending ---------------------------------------------------------------------------
 
-    def append(self, records: bytes | memoryview, now_ms: int | None = None) -> AppendResult:
-        """Validate and append a produce request's records for this partition."""
+    def append(self, records: bytes | memoryview, now_ms: int | None = None,
+               max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES) -> AppendResult:
+        """Validate and append a produce request's records for this partition; nothing is appended
+        unless every record can be read (`max_uncompressed_bytes` bounds a compressed batch's records)."""
         if len(records) > self.config.max_message_bytes + 12 * 1024:
             raise InvalidBatch(MESSAGE_TOO_LARGE, "record batch is larger than max.message.bytes")
         batches = split_batches(records)
         if len(batches) != 1:
             raise InvalidBatch(INVALID_RECORD, "a produce request must hold exactly one record batch per partition")
+        for header, batch in batches:
+            validate_records(header, batch, self.config.compacted, max_uncompressed_bytes, self.directory.name)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         first = batches[0][0]
         if first.producer_id >= 0:

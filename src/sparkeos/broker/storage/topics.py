@@ -86,13 +86,15 @@ def log_config(configs: dict[str, str]) -> LogConfig:
 
     # As in Kafka, retention deletes segments only under the delete policy. A compact-only topic keeps
     # everything here (there is no compaction): more than Kafka keeps, never less.
-    deletes = "delete" in get("cleanup.policy").split(",")
+    policies = get("cleanup.policy").split(",")
+    deletes = "delete" in policies
     return LogConfig(
         segment_bytes=int(get("segment.bytes")),
         retention_ms=int(get("retention.ms")) if deletes else -1,
         retention_bytes=int(get("retention.bytes")) if deletes else -1,
         log_append_time=get("message.timestamp.type") == "LogAppendTime",
         max_message_bytes=int(get("max.message.bytes")),
+        compacted="compact" in policies,
     )
 
 
