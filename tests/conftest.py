@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
+from support.postgres import PostgresServer
 
 
 @pytest.fixture
@@ -32,6 +33,15 @@ def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
 @pytest.fixture
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server that can prepare transactions, shared by the session (the sparkeos.postgres tests and
+    the job examples); a test that crashes it starts it again."""
+    with PostgresServer(max_prepared_transactions=20) as server:
+        server.add_password_user()
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,9 @@ def test_demo_with_event_time_windows_is_exact(tmp_path):
     assert report["delivered"] == report["expected"] > 2000
     assert report["dead_lettered"] == 5
     assert "[Stage " not in result.stderr, "Spark's progress bars are drawn through the audit table"
+    noise = re.findall(r"^%\d\|.*|.*(?:DeprecationWarning|FutureWarning|Using Spark's default log4j profile"
+                       r"|Using incubator modules).*", result.stdout + result.stderr, re.MULTILINE)
+    assert not noise, f"librdkafka's, third-party warnings' or Spark's start-up lines on the terminal: {noise}"
 
 
 def test_demo_survives_driver_crashes(tmp_path):

@@ -42,11 +42,14 @@ def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--fsync", choices=["always", "interval"], default="always",
                         help="'always' syncs to disk before acknowledging acks=all; 'interval' every second")
     parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=True,
-                        help="create unknown topics on metadata requests and produce (auto.create.topics.enable)")
+                        help="create unknown topics on metadata requests (auto.create.topics.enable)")
     parser.add_argument("--num-partitions", type=_positive, default=1,
                         help="partitions of auto-created topics (num.partitions)")
     parser.add_argument("--socket-request-max-bytes", type=_positive, default=100 * 1024 * 1024,
                         help="largest request accepted (socket.request.max.bytes)")
+    parser.add_argument("--queued-max-request-bytes", type=int, default=256 * 1024 * 1024,
+                        help="request bytes read and not yet handled, over all connections, before reading waits; "
+                             "0 or less: unbounded (queued.max.request.bytes)")
     parser.add_argument("--offsets-retention-minutes", type=_positive, default=10080,
                         help="how long committed offsets of empty groups are kept (offsets.retention.minutes)")
     parser.add_argument("--group-initial-rebalance-delay-ms", type=int, default=0,
@@ -75,6 +78,7 @@ def run_broker(args: argparse.Namespace) -> int:
         auto_create_topics=args.auto_create_topics,
         num_partitions=args.num_partitions,
         max_request_bytes=args.socket_request_max_bytes,
+        queued_max_request_bytes=args.queued_max_request_bytes,
         offsets_retention_minutes=args.offsets_retention_minutes,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         transaction_max_timeout_ms=args.transaction_max_timeout_ms,
@@ -86,10 +90,35 @@ def run_broker(args: argparse.Namespace) -> int:
 def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("run", help="run a job file (YAML) with its restart strategy")
     parser.add_argument("job", help="the job file")
-    parser.add_argument("--master", help="Spark master URL (default: local[*], or $SPARKEOS_MASTER)")
+    parser.add_argument("--master", type=_spark_master,
+                        help="Spark master: local[N], spark://HOST:PORT, yarn, k8s://https://HOST:PORT "
+                             "(default: spark.master of --conf or the job's spark section, $SPARKEOS_MASTER, local[*])")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, over the job file's spark section (repeatable)")
     parser.add_argument("--available-now", action="store_true",
                         help="process what is in the input now, then stop (Trigger.AvailableNow)")
     parser.add_argument("--status-file", type=Path, help="write the supervisor's status (restarts, state) there")
+    parser.add_argument("--log-level", type=_log_level, default=None,
+                        help="DEBUG, INFO, WARNING or ERROR: sparkeos's log lines and its Kafka clients' "
+                             "(default: $SPARKEOS_LOG_LEVEL, or INFO)")
+
+
+def _spark_master(value: str) -> str:
+    from .jobs.runner import check_master
+
+    try:
+        return check_master(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _log_level(value: str) -> str:
+    from .jobs.quiet import check_log_level
+
+    try:
+        return check_log_level(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_audit_parser(commands: argparse._SubParsersAction) -> None:
@@ -118,23 +147,54 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
                         help="print the final report as one JSON object on the last line")
 
 
+def _add_lag_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("lag", help="how far a streaming query (its checkpoint) or a consumer group is "
+                                             "behind its Kafka input")
+    subject = parser.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--checkpoint", metavar="DIR",
+                         help="a streaming query's checkpointLocation (a path, or a file://, s3a://, hdfs:// URI)")
+    subject.add_argument("--group", help="a consumer group: its committed offsets")
+    parser.add_argument("--bootstrap-servers", required=True, help="the Kafka cluster the input topics are on")
+    parser.add_argument("--command-config", type=Path, metavar="FILE",
+                        help="a properties file of Kafka client settings (librdkafka's names), e.g. security")
+    parser.add_argument("-X", dest="properties", action="append", default=[], metavar="KEY=VALUE",
+                        help="one Kafka client setting (librdkafka's name); repeatable; overrides --command-config")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (one per line with --watch)")
+    parser.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS until Ctrl-C")
+    parser.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS",
+                        help="how long to wait for the cluster's answers (15)")
+
+
+def run_lag(args: argparse.Namespace) -> int:
+    from .lag import run
+
+    return run(args)
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    from .jobs.quiet import quiet_third_party_warnings, setup_logging
+
+    quiet_third_party_warnings()
+    setup_logging("WARNING")
     from .demo import run_demo as demo
 
-    logging.basicConfig(level="WARNING", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return demo(args.records, args.data_dir, args.crash_every, args.event_time, args.json, args.partitions)
 
 
 def run_job(args: argparse.Namespace) -> int:
-    from .jobs.runner import Supervisor
+    from .jobs.quiet import quiet_third_party_warnings, setup_logging
+    from .jobs.runner import Supervisor, parse_conf
     from .jobs.spec import JobError
 
-    logging.basicConfig(level="WARNING", stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_third_party_warnings()
     try:
-        supervisor = Supervisor(args.job, args.master, args.available_now, args.status_file)
-    except JobError as exc:
+        conf = parse_conf(args.conf)
+        supervisor = Supervisor(args.job, args.master, args.available_now, args.status_file, conf=conf,
+                                log_level=args.log_level)
+    except (JobError, ValueError) as exc:
         print(f"sparkeos run: {exc}", file=sys.stderr)
         return 2
+    setup_logging(supervisor.log_level)
     return supervisor.run()
 
 
@@ -168,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_run_parser(commands)
     _add_audit_parser(commands)
     _add_demo_parser(commands)
+    _add_lag_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "broker":
         return run_broker(args)
@@ -177,5 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_audit(args)
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "lag":
+        return run_lag(args)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -27,13 +27,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from .jobs.quiet import children_stderr_to, librdkafka_log_level, with_quiet_jvm_start
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
 
 INPUT_TOPIC = "people"
 OUTPUT_TOPIC = "identify-numbers"
 DEAD_LETTER_TOPIC = "people-dead-letter"
-GROUP = "sparkeos-demo"
+GROUP = "people-etl"  # the job's consumer group, as in examples/people-etl.yaml
 PEOPLE_SCHEMA = {
     "name": "Message",
     "namespace": "com.free4lab.databus.collector.model",
@@ -46,6 +47,8 @@ PEOPLE_SCHEMA = {
 }
 READER_SCHEMA = PEOPLE_SCHEMA  # the seed reads with the writer's schema; resolution needs the same record name
 STALL_S = 60  # caught up, yet the output stopped growing short of what is expected: audit what is there
+# librdkafka's warnings and errors only (sparkeos.jobs.quiet): its informational lines are no news for a demo.
+QUIET_CLIENT = {"log_level": librdkafka_log_level("WARNING")}
 
 
 @dataclass
@@ -91,7 +94,7 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
     parsed = fastavro.parse_schema(PEOPLE_SCHEMA)
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.size": 1_000_000, "compression.type": "lz4"})
+                         "batch.size": 1_000_000, "compression.type": "lz4", **QUIET_CLIENT})
     corrupt = corrupt_records(schema_id)
     corrupt_at = set(rng.sample(range(count), len(corrupt))) if count >= len(corrupt) else set()
     corrupt_count = len(corrupt_at)
@@ -132,7 +135,7 @@ def _produce(producer: Producer, value: bytes, key: bytes) -> None:
 
 
 def create_topics(bootstrap: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
     topics = [NewTopic(INPUT_TOPIC, partitions), NewTopic(OUTPUT_TOPIC, partitions), NewTopic(DEAD_LETTER_TOPIC, 1)]
     for future in admin.create_topics(topics).values():
         future.result(30)
@@ -153,7 +156,9 @@ def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time
         "sink": {"topic": OUTPUT_TOPIC, "deliveryGuarantee": "exactly_once",
                  "options": {"kafka.transaction.timeout.ms": 600_000}},
         "checkpoint": str(checkpoint),
-        "restart": {"strategy": "fixed-delay", "attempts": 1000, "delay": "1 second"},
+        # The crash drill kills the driver at most every few seconds, and only after it committed a batch.
+        "restart": {"strategy": "failure-rate", "max-failures-per-interval": 10, "failure-rate-interval": "1 minute",
+                    "delay": "1 second"},
         "bad_records": {"policy": "dead-letter", "topic": DEAD_LETTER_TOPIC},
     }
 
@@ -164,7 +169,7 @@ class Progress:
     def __init__(self, bootstrap: str):
         self.bootstrap = bootstrap
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False,
-                                  "isolation.level": "read_committed"})
+                                  "isolation.level": "read_committed", **QUIET_CLIENT})
 
     def input_position(self) -> tuple[int, int]:
         """(records the job has finished, records in the input)."""
@@ -186,7 +191,7 @@ def count_committed(bootstrap: str, topic: str) -> int:
     """Records of `topic` visible to read_committed readers, read to its end. The count is progress shown while
     the job runs, so a read that times out shows what it counted so far instead of ending the demo."""
     try:
-        return count_records(bootstrap, topic, timeout_s=60)
+        return count_records(bootstrap, topic, timeout_s=60, config=QUIET_CLIENT)
     except ReadTimeout as timed_out:
         return timed_out.records_read
 
@@ -241,15 +246,20 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                 time.sleep(1)
                 code = supervisor.driver.poll() if supervisor.driver else None
                 if code is not None:
-                    if not supervisor.restart_allowed():
+                    delay = supervisor.next_delay()
+                    if delay is None:
                         raise RuntimeError(f"the job's driver failed (exit {code}) and may not restart again")
-                    supervisor.restart()
+                    supervisor.restart(delay)
                 # Kill only once this driver has committed a batch of its own: a drill that kills faster
                 # than a driver can start and finish a batch would just starve the job.
                 if (next_crash is not None and time.monotonic() >= next_crash
                         and committed_batches(workdir / "checkpoint") > batches_at_start):
                     supervisor.kill_driver()
-                    supervisor.restart()
+                    delay = supervisor.next_delay()
+                    if delay is None:
+                        raise RuntimeError("the crash drill killed the driver more often than its restart strategy "
+                                           "allows")
+                    supervisor.restart(delay)
                     batches_at_start = committed_batches(workdir / "checkpoint")
                     next_crash = time.monotonic() + crash_every * random.uniform(0.5, 1.0)
                 done, total = progress.input_position()
@@ -274,7 +284,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                     break
         progress.close()
         supervisor.stop()
-        report = audit_demo(job_path, bootstrap)
+        report = audit_demo(job_path, bootstrap, workdir / "audit.log")
         summary = {"expected": report.output.expected, "delivered": report.output.delivered,
                    "missing": report.output.missing, "duplicated": report.output.duplicated,
                    "unexpected": report.output.unexpected,
@@ -293,14 +303,16 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         stack.stop()
 
 
-def audit_demo(job_path: Path, bootstrap: str):
+def audit_demo(job_path: Path, bootstrap: str, log: Path):
+    """The audit, in this process; its Spark JVM logs to `log`, not through the tables on the terminal."""
     import sparkeos.spark
 
     from .jobs.audit import SESSION_CONFIG, audit
     from .jobs.spec import load_job
 
-    spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config=SESSION_CONFIG)
-    spark.sparkContext.setLogLevel("ERROR")
+    config = with_quiet_jvm_start({**SESSION_CONFIG, "spark.log.level": "ERROR"})
+    with children_stderr_to(log):
+        spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config=config)
     try:
         return audit(spark, load_job(job_path), bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, DEAD_LETTER_TOPIC)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -82,8 +83,38 @@ BAD = ["{broken json", b"\xff\xfe\xfd"]
         ({"sink": {"format": "parquet", "path": "/x", "topic": "t"}}, "topic and deliveryGuarantee apply to Kafka"),
         ({"sink": {}}, "sink: is required"),
         ({"checkpoint": None}, "checkpoint: is required"),
-        ({"restart": {"strategy": "exponential"}}, "restart.strategy: must be one of fixed-delay, none"),
+        ({"restart": {"strategy": "exponential"}},
+         "restart.strategy: must be one of fixed-delay, failure-rate, exponential-delay, none"),
         ({"restart": {"attempts": -1}}, "restart.attempts: must be at least 0"),
+        ({"restart": {"delays": 1}}, "restart.delays: unknown field"),
+        ({"restart": {"delay": -1}}, "restart.delay: must not be negative"),
+        ({"restart": {"reset-attempts-threshold": "0 s"}}, "restart.reset-attempts-threshold: must be positive"),
+        ({"restart": {"initial-backoff": "1 s"}},
+         "restart.initial-backoff: applies to the exponential-delay strategy, not fixed-delay"),
+        ({"restart": {"strategy": "none", "attempts": 3}}, "restart.attempts: applies to the fixed-delay strategy"),
+        ({"restart": {"strategy": "failure-rate", "attempts": 3}}, "restart.attempts: applies to the fixed-delay"),
+        ({"restart": {"strategy": "failure-rate", "max-failures-per-interval": 0}},
+         "restart.max-failures-per-interval: must be at least 1"),
+        ({"restart": {"strategy": "failure-rate", "failure-rate-interval": "often"}},
+         "restart.failure-rate-interval: must be a duration"),
+        ({"restart": {"strategy": "exponential-delay", "backoff-multiplier": 1}},
+         "restart.backoff-multiplier: must be greater than 1"),
+        ({"restart": {"strategy": "exponential-delay", "backoff-multiplier": "double"}},
+         "restart.backoff-multiplier: must be a number"),
+        ({"restart": {"strategy": "exponential-delay", "jitter-factor": 1.5}},
+         "restart.jitter-factor: must be between 0 and 1"),
+        ({"restart": {"strategy": "exponential-delay", "initial-backoff": "2 min", "max-backoff": "1 min"}},
+         "restart.max-backoff: restart.initial-backoff (120 seconds) must not exceed restart.max-backoff"),
+        ({"restart": {"strategy": "exponential-delay", "initial-backoff": "2 min"}},
+         "restart.initial-backoff: restart.initial-backoff (120 seconds) must not exceed restart.max-backoff (60"),
+        ({"restart": {"strategy": "exponential-delay", "attempts-before-reset-backoff": 0}},
+         "restart.attempts-before-reset-backoff: must be at least 1"),
+        ({"restart": {"strategy": "exponential-delay", "reset-backoff-threshold": "soon"}},
+         "restart.reset-backoff-threshold: must be a duration"),
+        ({"spark": ["spark.a=1"]}, "spark: must be a mapping of Spark settings"),
+        ({"spark": {"sql.shuffle.partitions": 4}}, "spark: 'sql.shuffle.partitions' is not a Spark setting"),
+        ({"spark": {"spark.executor.memory": None}}, "spark: spark.executor.memory: must be a single value"),
+        ({"spark": {"spark.jars": ["a.jar"]}}, "spark: spark.jars: must be a single value"),
         ({"bad_records": {"policy": "ignore"}}, "bad_records.policy: must be one of fail, skip, dead-letter"),
         ({"bad_records": {"policy": "dead-letter"}}, "bad_records.topic: is required for the dead-letter policy"),
         ({"bad_records": {"policy": "skip", "topic": "dlq"}}, "bad_records.topic: only applies to the dead-letter"),
@@ -208,21 +239,51 @@ def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, bro
     assert (summary["missing"], summary["duplicated"], summary["unexpected"]) == (1, 1, 1)
 
 
-def test_run_gives_up_after_the_restart_strategy_is_exhausted(broker, tmp_path):
-    """A driver that always fails (its Python transform does not exist) is restarted `attempts` times."""
-    bootstrap = broker.bootstrap_servers
-    source = create_topic(bootstrap, unique("in"))
-    sink = create_topic(bootstrap, unique("out"))
+FAILING_TRANSFORM = """
+import pathlib
+import time
+
+with open(pathlib.Path(__file__).with_name("imports"), "a") as imports:
+    imports.write(f"{time.monotonic()}\\n")
+raise ImportError("this transform never loads")
+"""
+
+
+@pytest.mark.parametrize(
+    ("restart", "delays"),
+    [
+        ({"strategy": "fixed-delay", "attempts": 1, "delay": "100 ms"}, [0.1]),
+        ({"strategy": "failure-rate", "max-failures-per-interval": 2, "failure-rate-interval": "10 minutes",
+          "delay": "100 ms"}, [0.1, 0.1]),
+        ({"strategy": "exponential-delay", "initial-backoff": "500 ms", "backoff-multiplier": 3, "jitter-factor": 0,
+          "attempts-before-reset-backoff": 2}, [0.5, 1.5]),
+    ],
+)
+def test_run_restarts_a_failing_driver_until_the_strategy_gives_up(tmp_path, restart, delays):
+    """A driver that always fails (its Python transform does not import, which it finds before starting Spark) is
+    restarted as the strategy says, each restart the strategy's delay after the failure, and then `sparkeos run`
+    fails."""
+    (tmp_path / "failing_transform.py").write_text(FAILING_TRANSFORM)
     job_path = tmp_path / "job.yaml"
-    job_path.write_text(yaml.safe_dump(job(bootstrap, source, sink, str(tmp_path / "ck"),
-                                           transforms=[{"python": "no_such_module_here:f"}],
-                                           restart={"attempts": 1, "delay": "100 ms"})))
+    job_path.write_text(yaml.safe_dump(job("127.0.0.1:9", "in", "out", str(tmp_path / "ck"),
+                                           transforms=[{"python": "failing_transform:f"}], restart=restart)))
     status = tmp_path / "status.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-m", "sparkeos", "run", str(job_path), "--master", "local[1]",
-                             "--status-file", str(status)], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 1
-    assert "allows no more restarts (1)" in result.stderr
-    assert json.loads(Path(status).read_text())["restarts"] == 1
+                             "--status-file", str(status)], capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 1, result.stderr[-3000:]
+    restarts = len(delays)
+    assert f"allows no more restarts ({restarts} so far)" in result.stderr
+    assert json.loads(Path(status).read_text()) | {"driver_pid": None} == {"state": "failed", "restarts": restarts,
+                                                                            "driver_pid": None}
+    # Every driver said why it failed, through the supervisor's copy of its stderr.
+    assert result.stderr.count("transforms[0].python: cannot load failing_transform:f") == restarts + 1
+    assert [float(line.split(" in ")[1].split(" s ")[0]) for line in result.stderr.splitlines()
+            if "driver exited with 1; restart" in line] == delays
+    imports = [float(line) for line in (tmp_path / "imports").read_text().split()]
+    assert len(imports) == restarts + 1
+    for earlier, later, delay in zip(imports[:-1], imports[1:], delays, strict=True):
+        assert later - earlier >= delay, f"driver started again {later - earlier:.2f} s after, not {delay} s"
 
 
 def test_avro_job_skip_and_fail_policies_on_corrupt_body_unknown_id_and_bad_utf8(spark, tmp_path):

@@ -19,11 +19,14 @@ from pyspark.sql import functions as F
 from ..spark.files.options import parse_file_sink_options
 from ..spark.postgres.options import parse_postgres_sink_options
 from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
+from .quiet import with_kafka_log_level
 from .spec import EXACT_FILE_SINK, POSTGRES_SINK, JobSpec
 
 SAMPLES = 5
 # An audit prints a table: Spark's stage progress bars would be drawn through it.
 SESSION_CONFIG = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+# The audit's Kafka clients print warnings and errors only (see sparkeos.jobs.quiet).
+CLIENT_LOG_LEVEL = "WARNING"
 
 
 @dataclass
@@ -63,8 +66,9 @@ class AuditReport:
 
 
 def read_topic_values(spark: SparkSession, bootstrap: str, topic: str) -> DataFrame:
-    return (spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("subscribe", topic).option("startingOffsets", "earliest").load().select("value"))
+    options = with_kafka_log_level({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+                                    "startingOffsets": "earliest"}, CLIENT_LOG_LEVEL)
+    return spark.read.format("sparkeos.kafka").options(**options).load().select("value")
 
 
 def compare(expected: DataFrame, actual: DataFrame) -> Comparison:
@@ -194,6 +198,7 @@ def _with_bootstrap(spec: JobSpec, bootstrap: str) -> JobSpec:
 
     source = {k: v for k, v in spec.source.items() if k.lower() != "kafka.bootstrap.servers"}
     source["kafka.bootstrap.servers"] = bootstrap
+    source = with_kafka_log_level(source, CLIENT_LOG_LEVEL)
     sink_options = {k: v for k, v in spec.sink.options.items() if k.lower() != "kafka.bootstrap.servers"}
     sink_options["kafka.bootstrap.servers"] = bootstrap
     return replace(spec, source=source, sink=replace(spec.sink, options=sink_options))

@@ -9,6 +9,7 @@ SQL transforms as the struct column `kafka`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -68,17 +69,27 @@ def decode(raw: DataFrame, spec: JobSpec) -> DataFrame:
     return decoded.select("_decoded.value.*", "kafka", F.col("_decoded.error").alias("_error"))
 
 
-def apply_transforms(spark: SparkSession, frame: DataFrame, spec: JobSpec) -> DataFrame:
+def load_transforms(spec: JobSpec) -> list[Callable[[DataFrame], DataFrame] | None]:
+    """The function of each `python:` step (None for SQL steps); a ValueError names a step that cannot load."""
+    functions: list[Callable[[DataFrame], DataFrame] | None] = []
     for index, step in enumerate(spec.transforms):
-        if step.sql is not None:
+        if step.python is None:
+            functions.append(None)
+            continue
+        module_name, function_name = step.python.split(":")
+        try:
+            functions.append(getattr(importlib.import_module(module_name), function_name))
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"transforms[{index}].python: cannot load {step.python}: {exc}") from None
+    return functions
+
+
+def apply_transforms(spark: SparkSession, frame: DataFrame, spec: JobSpec) -> DataFrame:
+    for index, (step, function) in enumerate(zip(spec.transforms, load_transforms(spec), strict=True)):
+        if function is None:
             frame.createOrReplaceTempView("input")
-            frame = spark.sql(step.sql)
+            frame = spark.sql(step.sql or "")
         else:
-            module_name, function_name = (step.python or "").split(":")
-            try:
-                function = getattr(importlib.import_module(module_name), function_name)
-            except (ImportError, AttributeError) as exc:
-                raise ValueError(f"transforms[{index}].python: cannot load {step.python}: {exc}") from None
             frame = function(frame)
             if not isinstance(frame, DataFrame):
                 raise ValueError(f"transforms[{index}].python: {step.python} returned {type(frame).__name__}, "

@@ -1,29 +1,64 @@
-"""`sparkeos run JOB.yaml`: a supervisor that runs the job's Spark driver as a child process and applies
-the job's restart strategy when the driver fails or dies (like Flink's fixedDelayRestart).
+"""`sparkeos run JOB.yaml`: a supervisor that runs the job's Spark driver as a child process and applies the job's
+restart strategy (Flink's fixed-delay, failure-rate or exponential-delay, `restart`) when the driver fails or dies.
 
 The driver keeps nothing but the checkpoint location, so a restarted driver resumes from the
 checkpoint: Spark re-plans the unfinished batch from its offset log and the sink's markers make the
 replay exactly once. The supervisor writes a JSON status file (progress, restarts) for dashboards.
+
+The driver's Spark settings, from weakest to strongest: the defaults below, the job file's `spark:` section, and
+`sparkeos run --conf` (or, for a driver that spark-submit starts through `sparkeos/jobs/submit.py`, whatever
+spark-submit was given: its --conf, --master, spark-defaults.conf).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..spark.workers import worker_python
-from .spec import JobSpec, load_job
+from .quiet import (
+    check_log_level,
+    pump_stderr,
+    quiet_third_party_warnings,
+    setup_logging,
+    with_kafka_log_level,
+    with_quiet_jvm_start,
+)
+from .restart import RestartStrategy, restart_strategy
+from .spec import JobError, JobSpec, check_spark_key, load_job
 
 log = logging.getLogger("sparkeos.run")
 
 DRIVER_MODULE = "sparkeos.jobs.runner"
+DEFAULT_MASTER = "local[*]"
+MASTER_ENV = "SPARKEOS_MASTER"
+LOG_LEVEL_ENV = "SPARKEOS_LOG_LEVEL"  # sparkeos.spark.reports: from which level the driver's batch reports show
+# Defaults of every driver `sparkeos run` starts. Spark's log level is the one setting among them for every master:
+# the driver's stderr is the job's log, and Spark's INFO and WARN lines would drown the job's own.
+DEFAULT_SPARK_CONF = {"spark.log.level": "ERROR"}
+# For local masters only: a job on one machine has little data per batch and nobody at a web UI. A cluster keeps
+# Spark's defaults (200 shuffle partitions, the UI).
+LOCAL_SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+}
+# What Spark's launcher and SparkContext accept as a master (SparkSubmit, SparkContext.createTaskScheduler).
+_LOCAL_MASTER = re.compile(r"local|local\[(\d+|\*)\]|local\[(\d+|\*)\s*,\s*\d+\]"
+                           r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]")
+_HOST_PORT = r"(\[[^\]\s]+\]|[^\s,/:\[\]]+):\d+"
+_SPARK_MASTER = re.compile(rf"spark://{_HOST_PORT}(,{_HOST_PORT})*")
 
 
 def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -39,19 +74,94 @@ def read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+def check_master(master: str) -> str:
+    """`master`, if Spark would accept it; else a ValueError saying which forms Spark accepts. Only the form is
+    checked: any host, port, cluster manager or core count is Spark's to judge."""
+    text = master.strip()
+    if text == "yarn" or (text.startswith("k8s://") and len(text) > len("k8s://")):
+        return text
+    if text.startswith("local"):
+        if _LOCAL_MASTER.fullmatch(text) and not re.match(r"local\[0*[,\]]", text):
+            return text
+        raise ValueError(f"Spark master {master!r} is not one of local, local[N], local[*], local[N,F] "
+                         "(F attempts per task) or local-cluster[workers,cores,memory MB]")
+    if text.startswith("spark"):
+        if _SPARK_MASTER.fullmatch(text):
+            return text
+        raise ValueError(f"Spark master {master!r} is not of the form spark://HOST:PORT (or spark://H1:P1,H2:P2 "
+                         "for standby masters)")
+    if text.startswith("k8s"):
+        raise ValueError(f"Spark master {master!r}: a Kubernetes master is k8s://https://HOST:PORT")
+    raise ValueError(f"Spark master {master!r} is not one Spark accepts: yarn, spark://HOST:PORT, "
+                     "k8s://https://HOST:PORT, local, local[N], local[*], local[N,F] or local-cluster[...]")
+
+
+def parse_conf(pairs: list[str]) -> dict[str, str]:
+    """`--conf KEY=VALUE` arguments, the later of two for one key winning (as spark-submit takes them)."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--conf {pair!r}: expected KEY=VALUE")
+        check_spark_key(key.strip(), lambda message, pair=pair: ValueError(f"--conf {pair!r}: {message}"))
+        settings[key.strip()] = value
+    return settings
+
+
+def resolve_master(master: str | None, spec: JobSpec, conf: dict[str, str]) -> str:
+    """--master, else spark.master from --conf or the job file, else $SPARKEOS_MASTER, else local[*]; checked."""
+    chosen = master or conf.get("spark.master") or spec.spark.get("spark.master") or os.environ.get(MASTER_ENV)
+    try:
+        return check_master(chosen or DEFAULT_MASTER)
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+
+
+def spark_settings(spec: JobSpec, master: str | None, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's Spark settings: defaults, then the job's `spark:` section, then `overrides` (--conf)."""
+    defaults = {**DEFAULT_SPARK_CONF, **(LOCAL_SPARK_CONF if (master or "").startswith("local") else {})}
+    return {**defaults, **spec.spark, **(overrides or {})}
+
+
+def quiet_clients(spec: JobSpec, level: str) -> JobSpec:
+    """The job with its Kafka clients logging at `level` (see `quiet`), unless its options set kafka.log_level."""
+    from dataclasses import replace
+
+    sink = spec.sink
+    if sink.is_kafka:
+        sink = replace(sink, options=with_kafka_log_level(sink.options, level))
+    return replace(spec, source=with_kafka_log_level(spec.source, level), sink=sink)
+
+
 # --- the driver (child process) -----------------------------------------------------------------
 
 
-def run_driver(job_path: str, master: str | None, available_now: bool, progress_file: Path | None) -> int:
-    """Run the streaming query until it stops (SIGTERM, or caught up with --available-now)."""
-    spec = load_job(job_path)
+def run_driver(job_path: str, master: str | None, available_now: bool, progress_file: Path | None,
+               conf: dict[str, str] | None = None, log_level: str = "INFO", submitted: dict[str, str] | None = None
+               ) -> int:
+    """Run the streaming query until it stops (SIGTERM, or caught up with --available-now).
+
+    `submitted`: the Spark settings spark-submit started the driver with, when it did (then `master` is None); the
+    defaults and the job file's settings do not override them."""
     import sparkeos.spark
 
-    from .pipeline import build
+    from .pipeline import build, load_transforms
 
-    spark = sparkeos.spark.session(spec.name, master=master or os.environ.get("SPARKEOS_MASTER") or "local[*]",
-                                   config={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
-    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        spec = quiet_clients(load_job(job_path), log_level)
+        # Before Spark starts: a transform that cannot load fails the driver at once, not after a JVM's start.
+        load_transforms(spec)
+    except ValueError as exc:  # JobError too: the file may have changed since the supervisor read it
+        print(f"sparkeos run: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if submitted is None:
+        master = master or resolve_master(None, spec, conf or {})
+        settings = with_quiet_jvm_start(spark_settings(spec, master, conf))
+        settings.pop("spark.master", None)
+    else:
+        settings = {k: v for k, v in spark_settings(spec, submitted.get("spark.master"), conf).items()
+                    if k not in submitted}
+    spark = sparkeos.spark.session(spec.name, master=master, config=settings)
     query = start_query(spark, spec, build(spark, spec).output, available_now)
     stopping = []
 
@@ -110,24 +220,34 @@ def report_progress(query, path: Path) -> None:
 
 
 class Supervisor:
-    """Starts the driver, restarts it per the restart strategy, and can kill it (for crash drills)."""
+    """Starts the driver, restarts it per the job's restart strategy, and can kill it (for crash drills).
+
+    `clock` is the monotonic clock the restart strategy's decisions are taken on."""
 
     def __init__(self, job_path: str, master: str | None = None, available_now: bool = False,
-                 status_file: Path | None = None, env: dict[str, str] | None = None, log_file: Path | None = None):
+                 status_file: Path | None = None, env: dict[str, str] | None = None, log_file: Path | None = None,
+                 conf: dict[str, str] | None = None, log_level: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, strategy: RestartStrategy | None = None):
         self.job_path = job_path
         self.spec = load_job(job_path)
-        self.master = master
+        self.conf = dict(conf or {})
+        self.master = resolve_master(master, self.spec, self.conf)
         self.available_now = available_now
         self.status_file = status_file
         self.env = env
         self.log_file = log_file
+        self.log_level = check_log_level(log_level or {**os.environ, **(env or {})}.get(LOG_LEVEL_ENV) or "INFO")
+        self.clock = clock
+        self.strategy = strategy or restart_strategy(self.spec.restart)
         self.restarts = 0
         self.driver: subprocess.Popen | None = None
+        self._stderr_pump: threading.Thread | None = None
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", DRIVER_MODULE, "--driver", self.job_path]
-        if self.master:
-            command += ["--master", self.master]
+        command = [sys.executable, "-m", DRIVER_MODULE, "--driver", self.job_path, "--master", self.master,
+                   "--log-level", self.log_level]
+        for key, value in self.conf.items():
+            command += ["--conf", f"{key}={value}"]
         if self.available_now:
             command.append("--available-now")
         if self.status_file is not None:
@@ -141,29 +261,52 @@ class Supervisor:
 
     def start_driver(self) -> None:
         env = {**os.environ, **(self.env or {})}
-        env["PYSPARK_PYTHON"] = worker_python(self.master or env.get("SPARKEOS_MASTER") or "local[*]")
+        env.setdefault("PYSPARK_PYTHON", worker_python(self.master))
+        # The batch reports of the driver's sinks (sparkeos.spark.reports) follow the level asked.
+        env[LOG_LEVEL_ENV] = self.log_level
         # Its own process group: a crash drill kills the driver's JVM and Python workers with it.
         output = open(self.log_file, "ab") if self.log_file is not None else None  # noqa: SIM115 - the child owns it
         self.driver = subprocess.Popen(self.command(), env=env, start_new_session=True, stdout=output,
-                                       stderr=subprocess.STDOUT if output else None)
+                                       stderr=subprocess.STDOUT if output else subprocess.PIPE)
         if output is not None:
             output.close()
+        else:
+            assert self.driver.stderr is not None
+            self._stderr_pump = pump_stderr(self.driver.stderr)
         self.write_status("running")
+
+    def _drain_stderr(self) -> None:
+        """Wait (briefly) until the driver's last lines are copied: its own last words come before ours."""
+        if self._stderr_pump is not None:
+            self._stderr_pump.join(10)
+            self._stderr_pump = None
 
     def kill_driver(self) -> None:
         """kill -9 of the whole driver: Python, its JVM, its Python workers."""
         if self.driver is not None and self.driver.poll() is None:
             os.killpg(self.driver.pid, signal.SIGKILL)
             self.driver.wait()
+        self._drain_stderr()
 
     def stop(self) -> None:
+        """SIGTERM to the driver's Python process alone: it stops its query, and its JVM and Python workers end with
+        it (a SIGTERM to the whole group would end the JVM under the query's stop). What is left after a minute, or
+        of the group a few seconds after the driver, is killed."""
         if self.driver is not None and self.driver.poll() is None:
-            os.killpg(self.driver.pid, signal.SIGTERM)
+            os.kill(self.driver.pid, signal.SIGTERM)
             try:
                 self.driver.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(self.driver.pid, signal.SIGKILL)
-                self.driver.wait()
+                pass
+            deadline = time.monotonic() + 10
+            while self.driver.poll() is None or _group_alive(self.driver.pid):
+                if time.monotonic() >= deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.driver.pid, signal.SIGKILL)
+                    self.driver.wait()
+                    break
+                time.sleep(0.1)
+        self._drain_stderr()
         self.write_status("stopped")
 
     def write_status(self, state: str) -> None:
@@ -171,20 +314,26 @@ class Supervisor:
             write_json_atomically(self.status_file, {"state": state, "restarts": self.restarts,
                                                      "driver_pid": self.driver.pid if self.driver else None})
 
-    def restart_allowed(self) -> bool:
-        return self.restarts < self.spec.restart.attempts
+    def next_delay(self) -> float | None:
+        """The driver has failed (now): how long to wait before restarting it, or None when the strategy gives up."""
+        return self.strategy.on_failure(self.clock())
 
-    def restart(self) -> None:
+    def restart(self, delay: float, stopping: list | None = None) -> None:
+        """Start the driver again after `delay` seconds (no restart once `stopping` holds anything)."""
         self.restarts += 1
-        log.warning("driver exited with %s; restart %d of %d in %.1f s", self.driver.returncode if self.driver else "?",
-                    self.restarts, self.spec.restart.attempts, self.spec.restart.delay_s)
+        code = self.driver.returncode if self.driver else "?"
+        log.warning("driver exited with %s; restart %d in %.1f s (restart strategy %s)", code, self.restarts, delay,
+                    self.strategy.describe())
         self.write_status("restarting")
-        time.sleep(self.spec.restart.delay_s)
-        self.start_driver()
+        deadline = time.monotonic() + delay
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+        if not stopping:
+            self.start_driver()
 
     def run(self) -> int:
         """Block until the driver finishes for good; the exit code of `sparkeos run`."""
-        stopping = []
+        stopping: list[bool] = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
         self.start_driver()
@@ -196,18 +345,31 @@ class Supervisor:
             if code is None:
                 time.sleep(0.2)
                 continue
+            self._drain_stderr()
             if code == 0:
                 self.write_status("finished")
                 return 0
-            if not self.restart_allowed():
+            delay = self.next_delay()
+            if delay is None:
                 self.write_status("failed")
-                print(f"sparkeos run: driver failed (exit {code}) and the restart strategy allows no more restarts "
-                      f"({self.spec.restart.attempts})", file=sys.stderr)
+                print(f"sparkeos run: driver failed (exit {code}) and the restart strategy "
+                      f"{self.strategy.describe()} allows no more restarts ({self.restarts} so far)", file=sys.stderr)
                 return 1
-            self.restart()
+            self.restart(delay, stopping)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The driver: `python -m sparkeos.jobs.runner --driver JOB.yaml ...`, as the supervisor starts it."""
     import argparse
 
     parser = argparse.ArgumentParser(prog=DRIVER_MODULE)
@@ -215,8 +377,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master")
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--progress-file", type=Path)
+    parser.add_argument("--conf", action="append", default=[])
+    parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    return run_driver(args.driver, args.master, args.available_now, args.progress_file)
+    quiet_third_party_warnings()
+    setup_logging(check_log_level(args.log_level))
+    return run_driver(args.driver, args.master, args.available_now, args.progress_file, parse_conf(args.conf),
+                      args.log_level)
+
+
+def submit_main(argv: list[str] | None = None) -> int:
+    """The driver as spark-submit runs it (`sparkeos/jobs/submit.py JOB.yaml [--available-now]`): the settings
+    spark-submit was given win over the job file's, and spark-submit's cluster manager does the restarting."""
+    import argparse
+
+    from pyspark import SparkConf, SparkContext
+
+    parser = argparse.ArgumentParser(prog="spark-submit ... sparkeos/jobs/submit.py")
+    parser.add_argument("job", help="the job file")
+    parser.add_argument("--available-now", action="store_true",
+                        help="process what is in the input now, then stop (Trigger.AvailableNow)")
+    parser.add_argument("--progress-file", type=Path, help="keep the query's progress there, as JSON")
+    parser.add_argument("--log-level", default=os.environ.get(LOG_LEVEL_ENV) or "INFO",
+                        help="DEBUG, INFO (default, or $SPARKEOS_LOG_LEVEL), WARNING or ERROR")
+    args = parser.parse_args(argv)
+    level = check_log_level(args.log_level)
+    quiet_third_party_warnings()
+    setup_logging(level)
+    try:
+        load_job(args.job)
+    except JobError as exc:
+        print(f"sparkeos: {exc}", file=sys.stderr)
+        return 2
+    # spark-submit's JVM is running already: its settings (--conf, --master, spark-defaults.conf) are read from it
+    # before the SparkContext starts, so that neither the defaults nor the job file override them.
+    SparkContext._ensure_initialized()
+    submitted = dict(SparkConf().getAll())
+    return run_driver(args.job, None, args.available_now, args.progress_file, None, level, submitted)
 
 
 if __name__ == "__main__":

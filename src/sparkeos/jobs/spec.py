@@ -31,14 +31,17 @@
                                   # sparkeos.postgres: url, dbtable, upsertKeys, createTable, batchSize)
     checkpoint: /var/lib/sparkeos/people-etl
     trigger: 5 seconds
-    restart: {strategy: fixed-delay, attempts: 3, delay: 10 seconds}
+    restart: {strategy: fixed-delay, attempts: 3, delay: 10 seconds}   # or failure-rate | exponential-delay | none
     bad_records: {policy: dead-letter, topic: people-dlq}   # fail | skip | dead-letter
+    spark:                        # any Spark setting; `sparkeos run --conf` overrides these
+      spark.sql.shuffle.partitions: 8
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,9 +102,23 @@ class SinkSpec:
 
 @dataclass(frozen=True)
 class RestartSpec:
+    """Flink's restart strategies, with the names of Flink's options (restart-strategy.<strategy>.<option>)."""
+
     strategy: str = "fixed-delay"
+    # fixed-delay
     attempts: int = 3
     delay_s: float = 10.0
+    reset_attempts_threshold_s: float = 3600.0
+    # failure-rate (its delay is delay_s)
+    max_failures_per_interval: int = 1
+    failure_rate_interval_s: float = 60.0
+    # exponential-delay
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    backoff_multiplier: float = 1.5
+    reset_backoff_threshold_s: float = 3600.0
+    jitter_factor: float = 0.1
+    attempts_before_reset_backoff: int | None = None  # None: no limit
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,7 @@ class JobSpec:
     restart: RestartSpec
     bad_records: BadRecordSpec
     path: Path | None = None
+    spark: dict[str, str] = field(default_factory=dict)  # Spark settings of the job file's `spark:` section
 
     @property
     def bootstrap_servers(self) -> str:
@@ -175,7 +193,7 @@ class _Fields:
             raise self.fail(path, f"must be one of {', '.join(choices)} (got {value!r})")
         return text
 
-    def duration(self, value: Any, path: str) -> float | None:
+    def duration(self, value: Any, path: str, allow_zero: bool = False) -> float | None:
         if value is None:
             return None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -186,9 +204,16 @@ class _Fields:
             if parsed is None:
                 raise self.fail(path, f"must be a duration such as '20 seconds' or '500 ms' (got {value!r})")
             seconds = parsed
-        if seconds <= 0:
-            raise self.fail(path, "must be positive")
+        if seconds < 0 or (seconds == 0 and not allow_zero):
+            raise self.fail(path, "must not be negative" if allow_zero else "must be positive")
         return seconds
+
+    def number(self, value: Any, path: str, default: float) -> float:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"must be a number (got {value!r})")
+        return float(value)
 
     def integer(self, value: Any, path: str, default: int, minimum: int) -> int:
         if value is None:
@@ -201,7 +226,7 @@ class _Fields:
 
 
 TOP_LEVEL = {"name", "source", "format", "transforms", "window", "output", "sink", "checkpoint", "trigger", "restart",
-             "bad_records"}
+             "bad_records", "spark"}
 
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
@@ -230,6 +255,7 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
     sink = _parse_sink(fields, top.get("sink"), source)
     bad = _parse_bad_records(fields, top.get("bad_records"), sink)
     restart = _parse_restart(fields, top.get("restart"))
+    spark = parse_spark_settings(top.get("spark"), lambda message: fields.fail("spark", message))
     checkpoint = fields.text(top.get("checkpoint"), "checkpoint", required=True)
     trigger = fields.duration(top.get("trigger"), "trigger")
     if window and window.time == "processing" and trigger is not None and trigger != window.duration_s:
@@ -241,7 +267,7 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
         output_value=fields.text(output.get("value"), "output.value"),
         output_key=fields.text(output.get("key"), "output.key"),
         sink=sink, checkpoint=str(checkpoint), trigger_s=trigger, restart=restart, bad_records=bad,
-        path=Path(where) if where != "job" else None,
+        path=Path(where) if where != "job" else None, spark=spark,
     )
 
 
@@ -417,9 +443,83 @@ def _parse_bad_records(fields: _Fields, value: Any, sink: SinkSpec) -> BadRecord
     return BadRecordSpec(policy, topic)
 
 
+RESTART_STRATEGIES = ("fixed-delay", "failure-rate", "exponential-delay", "none")
+# Each strategy's options, as Flink names them after restart-strategy.<strategy>.
+RESTART_OPTIONS = {
+    "fixed-delay": {"attempts", "delay", "reset-attempts-threshold"},
+    "failure-rate": {"max-failures-per-interval", "failure-rate-interval", "delay"},
+    "exponential-delay": {"initial-backoff", "max-backoff", "backoff-multiplier", "reset-backoff-threshold",
+                          "jitter-factor", "attempts-before-reset-backoff"},
+    "none": set(),
+}
+
+
 def _parse_restart(fields: _Fields, value: Any) -> RestartSpec:
-    spec = fields.mapping(value, "restart", {"strategy", "attempts", "delay"})
-    strategy = fields.choice(spec.get("strategy"), "restart.strategy", ("fixed-delay", "none"), "fixed-delay")
-    attempts = fields.integer(spec.get("attempts"), "restart.attempts", 3, 0)
-    delay = fields.duration(spec.get("delay"), "restart.delay")
-    return RestartSpec(strategy, 0 if strategy == "none" else attempts, 10.0 if delay is None else delay)
+    known = {"strategy"}.union(*RESTART_OPTIONS.values())
+    spec = fields.mapping(value, "restart", known)
+    strategy = fields.choice(spec.get("strategy"), "restart.strategy", RESTART_STRATEGIES, "fixed-delay")
+    for key in spec:
+        if key != "strategy" and key not in RESTART_OPTIONS[strategy]:
+            owners = [name for name, options in RESTART_OPTIONS.items() if key in options]
+            raise fields.fail(f"restart.{key}", f"applies to the {' and '.join(owners)} strategy, not {strategy}")
+    defaults = RestartSpec()
+
+    def duration(key: str, default: float, allow_zero: bool = False) -> float:
+        parsed = fields.duration(spec.get(key), f"restart.{key}", allow_zero=allow_zero)
+        return default if parsed is None else parsed
+
+    if strategy == "none":
+        return RestartSpec("none", attempts=0)
+    if strategy == "fixed-delay":
+        return RestartSpec(
+            strategy, attempts=fields.integer(spec.get("attempts"), "restart.attempts", defaults.attempts, 0),
+            delay_s=duration("delay", defaults.delay_s, allow_zero=True),
+            reset_attempts_threshold_s=duration("reset-attempts-threshold", defaults.reset_attempts_threshold_s))
+    if strategy == "failure-rate":
+        return RestartSpec(
+            strategy, delay_s=duration("delay", 1.0, allow_zero=True),
+            max_failures_per_interval=fields.integer(spec.get("max-failures-per-interval"),
+                                                     "restart.max-failures-per-interval", 1, 1),
+            failure_rate_interval_s=duration("failure-rate-interval", defaults.failure_rate_interval_s))
+    initial = duration("initial-backoff", defaults.initial_backoff_s)
+    maximum = duration("max-backoff", defaults.max_backoff_s)
+    if maximum < initial:
+        raise fields.fail("restart.max-backoff" if "max-backoff" in spec else "restart.initial-backoff",
+                          f"restart.initial-backoff ({seconds_text(initial)}) must not exceed restart.max-backoff "
+                          f"({seconds_text(maximum)})")
+    multiplier = fields.number(spec.get("backoff-multiplier"), "restart.backoff-multiplier",
+                               defaults.backoff_multiplier)
+    if multiplier <= 1:
+        raise fields.fail("restart.backoff-multiplier", f"must be greater than 1 (got {multiplier:g})")
+    jitter = fields.number(spec.get("jitter-factor"), "restart.jitter-factor", defaults.jitter_factor)
+    if not 0 <= jitter <= 1:
+        raise fields.fail("restart.jitter-factor", f"must be between 0 and 1 (got {jitter:g})")
+    attempts = spec.get("attempts-before-reset-backoff")
+    return RestartSpec(
+        strategy, initial_backoff_s=initial, max_backoff_s=maximum, backoff_multiplier=multiplier,
+        reset_backoff_threshold_s=duration("reset-backoff-threshold", defaults.reset_backoff_threshold_s),
+        jitter_factor=jitter,
+        attempts_before_reset_backoff=None if attempts is None else fields.integer(
+            attempts, "restart.attempts-before-reset-backoff", 1, 1))
+
+
+def parse_spark_settings(value: Any, fail: Callable[[str], Exception]) -> dict[str, str]:
+    """A mapping of Spark settings, as text. Keys must be Spark's (`spark.`-prefixed): spark-submit ignores any other
+    key with no more than a warning, so a misspelled prefix would silently change nothing."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise fail(f"must be a mapping of Spark settings to values, got {type(value).__name__}")
+    settings = {}
+    for key, setting in value.items():
+        check_spark_key(key, fail)
+        if setting is None or isinstance(setting, (dict, list)):
+            raise fail(f"{key}: must be a single value (a string, number or boolean)")
+        settings[str(key)] = _option_text(setting)
+    return settings
+
+
+def check_spark_key(key: Any, fail: Callable[[str], Exception]) -> None:
+    if not isinstance(key, str) or not re.fullmatch(r"spark\.[^\s=]+", key):
+        raise fail(f"{key!r} is not a Spark setting: Spark's settings start with 'spark.' (Hadoop's go in as "
+                   "spark.hadoop.*)")
