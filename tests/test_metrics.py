@@ -28,12 +28,12 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-def progress(batch: int, rows: int, end: dict, latest: dict, duration_ms: int = 1500) -> dict:
+def progress(batch: int, rows: int, end: dict, latest: dict, duration_ms: int = 1500, start=None) -> dict:
     """A batch's progress as Spark's StreamingQueryProgress.json has it (the fields the exporter reads)."""
     return {"id": "q", "runId": "r", "batchId": batch, "timestamp": "2026-11-26T10:00:00.000Z",
             "numInputRows": rows, "durationMs": {"triggerExecution": duration_ms},
-            "sources": [{"description": "sparkeos.kafka", "endOffset": json.dumps(end), "latestOffset": latest,
-                         "numInputRows": rows}],
+            "sources": [{"description": "sparkeos.kafka", "startOffset": start, "endOffset": json.dumps(end),
+                         "latestOffset": latest, "numInputRows": rows * 2}],
             "sink": {"description": "sparkeos.kafka", "numOutputRows": -1}}
 
 
@@ -50,9 +50,12 @@ def test_sink_and_progress_events_become_metrics(exporter):
                              records_by_topic={"out": 25, "dead": 5}, commit_seconds=[0.004, 0.2])
     metric_events.sink_batch("sparkeos.kafka", "q", 1, "committed", skipped=2)
     metric_events.sink_batch("sparkeos.postgres", "q2", 0, "aborted", aborted=3)
-    metric_events.emit(QUERY_PROGRESS, progress(0, 30, {"in": {"0": 10, "1": 20}, "sparkeos:batchStart": {}},
+    # Batch 0's start rides in its end offsets; Spark's numInputRows (here twice the records) is not used.
+    metric_events.emit(QUERY_PROGRESS, progress(0, 30, {"in": {"0": 10, "1": 20},
+                                                        "sparkeos:batchStart": {"in": {"0": 0, "1": 0}}},
                                                 {"in": {"0": 15, "1": 20}}))
-    metric_events.emit(QUERY_PROGRESS, progress(1, 0, {"in": {"0": 15, "1": 20}}, {"in": {"0": 17, "1": 25}}))
+    metric_events.emit(QUERY_PROGRESS, progress(1, 5, {"in": {"0": 15, "1": 20}}, {"in": {"0": 17, "1": 25}},
+                                                start={"in": {"0": 10, "1": 20}}))
     assert exporter.refresh() == 5
     samples = scrape(exporter.port)
     assert samples[("sparkeos_output_records_total", (("sink", "sparkeos.kafka"),))] == 25
@@ -63,7 +66,7 @@ def test_sink_and_progress_events_become_metrics(exporter):
     assert samples[("sparkeos_sink_transactions_total", (("outcome", "aborted"), ("sink", "sparkeos.postgres")))] == 3
     assert samples[("sparkeos_sink_commit_seconds_count", (("sink", "sparkeos.kafka"),))] == 2
     assert samples[("sparkeos_sink_commit_seconds_bucket", (("le", "0.005"), ("sink", "sparkeos.kafka")))] == 1
-    assert samples[("sparkeos_input_records_total", ())] == 30
+    assert samples[("sparkeos_input_records_total", ())] == 35
     assert samples[("sparkeos_batches_total", ())] == 2
     assert samples[("sparkeos_batch_duration_seconds_sum", ())] == 3.0
     # The lag as of the last batch: its latest offsets less its end offsets.

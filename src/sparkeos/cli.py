@@ -95,6 +95,8 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
                              "(default: spark.master of --conf or the job's spark section, $SPARKEOS_MASTER, local[*])")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting, over the job file's spark section (repeatable)")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve the job's Prometheus metrics on http://HOST:PORT/metrics (docs/metrics.md)")
     parser.add_argument("--available-now", action="store_true",
                         help="process what is in the input now, then stop (Trigger.AvailableNow)")
     parser.add_argument("--status-file", type=Path, help="write the supervisor's status (restarts, state) there")
@@ -182,6 +184,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_job(args: argparse.Namespace) -> int:
+    from .jobs.console import RunConsole
     from .jobs.quiet import quiet_third_party_warnings, setup_logging
     from .jobs.runner import Supervisor, parse_conf
     from .jobs.spec import JobError
@@ -190,7 +193,8 @@ def run_job(args: argparse.Namespace) -> int:
     try:
         conf = parse_conf(args.conf)
         supervisor = Supervisor(args.job, args.master, args.available_now, args.status_file, conf=conf,
-                                log_level=args.log_level)
+                                log_level=args.log_level, metrics_port=args.metrics_port)
+        supervisor.console = RunConsole(supervisor.spec.name, sys.stdout)
     except (JobError, ValueError) as exc:
         print(f"sparkeos run: {exc}", file=sys.stderr)
         return 2

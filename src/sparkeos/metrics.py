@@ -10,7 +10,7 @@ the lag of a partition is that end less the batch's end offset.
 
 Metrics:
 
-- ``sparkeos_input_records_total``: records the query read (Spark's numInputRows).
+- ``sparkeos_input_records_total``: records the query read: the offsets its batches advanced through.
 - ``sparkeos_output_records_total{sink}``: records sinks made visible (committed), dead letters apart.
 - ``sparkeos_dead_letter_records_total``: records written to the dead-letter topic.
 - ``sparkeos_batch_duration_seconds``: histogram of micro-batch durations.
@@ -90,10 +90,12 @@ class MetricsExporter:
 
     # --- serving ---
 
-    def start(self, port: int, address: str = "0.0.0.0") -> MetricsExporter:
-        """Serve /metrics on `port` (0: a free one, then in `self.port`) and read events in the background."""
-        self._server, _thread = start_http_server(port, address, registry=self.metrics.registry)
-        self.port = self._server.server_port
+    def start(self, port: int | None, address: str = "0.0.0.0") -> MetricsExporter:
+        """Read events in the background, and serve /metrics on `port` (0: a free one, then in `self.port`; None:
+        not at all, for a caller that only shows the figures)."""
+        if port is not None:
+            self._server, _thread = start_http_server(port, address, registry=self.metrics.registry)
+            self.port = self._server.server_port
         self._thread = threading.Thread(target=self._poll_forever, name="sparkeos-metrics", daemon=True)
         self._thread.start()
         return self
@@ -184,7 +186,7 @@ class MetricsExporter:
     def _apply_progress(self, progress: dict[str, Any]) -> None:
         m = self.metrics
         m.batches.inc()
-        m.input_records.inc(max(int(progress.get("numInputRows") or 0), 0))
+        m.input_records.inc(_records_read(progress))
         duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
         if duration_ms is not None:
             m.batch_duration.observe(duration_ms / 1000)
@@ -196,6 +198,31 @@ class MetricsExporter:
             for (topic, partition), offset in latest.items():
                 if (topic, partition) in end:
                     m.source_lag.labels(topic, str(partition)).set(max(offset - end[(topic, partition)], 0))
+
+
+def _records_read(progress: dict[str, Any]) -> int:
+    """The offsets a batch advanced through, over its Kafka sources; Spark's numInputRows for other sources.
+    Not numInputRows for Kafka: Spark counts a source as often as the plan reads it (a job's dead-letter branch
+    reads its source a second time)."""
+    total = 0
+    for source in progress.get("sources") or []:
+        end = _offsets(source.get("endOffset"))
+        if not end:
+            total += max(int(source.get("numInputRows") or 0), 0)
+            continue
+        start = _offsets(source.get("startOffset")) or _offsets(_batch_start(source.get("endOffset")))
+        total += sum(max(offset - start[p], 0) for p, offset in end.items() if p in start)
+    return total
+
+
+def _batch_start(end: Any) -> Any:
+    """The start of a query's first batch, which the source keeps inside that batch's end offsets."""
+    if isinstance(end, str):
+        try:
+            end = json.loads(end)
+        except ValueError:
+            return None
+    return end.get(BATCH_START_KEY) if isinstance(end, dict) else None
 
 
 def _offsets(value: Any) -> dict[tuple[str, int], int]:

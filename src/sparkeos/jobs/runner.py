@@ -17,16 +17,22 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..metrics import MetricsExporter
+from ..spark.metric_events import METRICS_DIR_ENV
 from ..spark.workers import worker_python
+from .console import RunConsole, snapshot
 from .quiet import (
     check_log_level,
     pump_stderr,
@@ -162,6 +168,10 @@ def run_driver(job_path: str, master: str | None, available_now: bool, progress_
         settings = {k: v for k, v in spark_settings(spec, submitted.get("spark.master"), conf).items()
                     if k not in submitted}
     spark = sparkeos.spark.session(spec.name, master=master, config=settings)
+    if os.environ.get(METRICS_DIR_ENV):
+        from ..metrics import watch
+
+        watch(spark)  # before the query starts: every batch's progress reaches the supervisor's exporter
     query = start_query(spark, spec, build(spark, spec).output, available_now)
     stopping = []
 
@@ -227,7 +237,8 @@ class Supervisor:
     def __init__(self, job_path: str, master: str | None = None, available_now: bool = False,
                  status_file: Path | None = None, env: dict[str, str] | None = None, log_file: Path | None = None,
                  conf: dict[str, str] | None = None, log_level: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, strategy: RestartStrategy | None = None):
+                 clock: Callable[[], float] = time.monotonic, strategy: RestartStrategy | None = None,
+                 metrics_port: int | None = None, console: RunConsole | None = None):
         self.job_path = job_path
         self.spec = load_job(job_path)
         self.conf = dict(conf or {})
@@ -242,6 +253,12 @@ class Supervisor:
         self.restarts = 0
         self.driver: subprocess.Popen | None = None
         self._stderr_pump: threading.Thread | None = None
+        # run() reads the drivers' metrics events (sparkeos.metrics) from a directory of its own, serves them on
+        # metrics_port if given, and shows them on `console`; its counters go on across driver restarts.
+        self.metrics_port = metrics_port
+        self.console = console
+        self.exporter: MetricsExporter | None = None
+        self.state = "starting"
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", DRIVER_MODULE, "--driver", self.job_path, "--master", self.master,
@@ -264,6 +281,8 @@ class Supervisor:
         env.setdefault("PYSPARK_PYTHON", worker_python(self.master))
         # The batch reports of the driver's sinks (sparkeos.spark.reports) follow the level asked.
         env[LOG_LEVEL_ENV] = self.log_level
+        if self.exporter is not None:
+            env[METRICS_DIR_ENV] = str(self.exporter.directory)
         # Its own process group: a crash drill kills the driver's JVM and Python workers with it.
         output = open(self.log_file, "ab") if self.log_file is not None else None  # noqa: SIM115 - the child owns it
         self.driver = subprocess.Popen(self.command(), env=env, start_new_session=True, stdout=output,
@@ -310,6 +329,7 @@ class Supervisor:
         self.write_status("stopped")
 
     def write_status(self, state: str) -> None:
+        self.state = state
         if self.status_file is not None:
             write_json_atomically(self.status_file, {"state": state, "restarts": self.restarts,
                                                      "driver_pid": self.driver.pid if self.driver else None})
@@ -321,6 +341,8 @@ class Supervisor:
     def restart(self, delay: float, stopping: list | None = None) -> None:
         """Start the driver again after `delay` seconds (no restart once `stopping` holds anything)."""
         self.restarts += 1
+        if self.exporter is not None:
+            self.exporter.count_restart()
         code = self.driver.returncode if self.driver else "?"
         log.warning("driver exited with %s; restart %d in %.1f s (restart strategy %s)", code, self.restarts, delay,
                     self.strategy.describe())
@@ -333,6 +355,20 @@ class Supervisor:
 
     def run(self) -> int:
         """Block until the driver finishes for good; the exit code of `sparkeos run`."""
+        directory = Path(tempfile.mkdtemp(prefix="sparkeos-metrics-"))
+        dead_letters = self.spec.bad_records.topic if self.spec.bad_records.policy == "dead-letter" else None
+        self.exporter = MetricsExporter(directory, dead_letters).start(self.metrics_port)
+        if self.exporter.port is not None:
+            log.info("metrics on http://%s:%d/metrics", socket.gethostname(), self.exporter.port)
+        try:
+            return self._supervise()
+        finally:
+            self.exporter.stop()
+            if self.console is not None:
+                self.console.close(snapshot(self.exporter.metrics, self.state))
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def _supervise(self) -> int:
         stopping: list[bool] = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
@@ -343,6 +379,8 @@ class Supervisor:
                 return 0
             code = self.driver.poll() if self.driver else 0
             if code is None:
+                if self.console is not None:
+                    self.console.show(snapshot(self.exporter.metrics, self.state))
                 time.sleep(0.2)
                 continue
             self._drain_stderr()

@@ -1,0 +1,103 @@
+"""`sparkeos run --metrics-port`: a running job's /metrics, scraped over HTTP and parsed with prometheus_client's
+parser, against what independent read_committed readers count; and its console's plain lines."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
+from sparkeos.verify import count_records, read_records
+from support.spark import create_topic, produce, unique, wait_for
+
+BAD = ["{broken json", "{also broken"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape(port: int) -> Counter:
+    """name -> the sum of its samples over all labels (empty when nothing answers yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return Counter()
+    totals: Counter = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] += sample.value
+    return totals
+
+
+def people(first: int, count: int) -> list[str]:
+    return [json.dumps({"id": i, "name": f"n{i}"}) for i in range(first, first + count)]
+
+
+@pytest.mark.timeout(400)
+def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), 3)
+    sink, dead = create_topic(bootstrap, unique("out")), create_topic(bootstrap, unique("dlq"))
+    produce(bootstrap, source, people(0, 300) + BAD)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "metrics-probe",
+        "source": {"kafka.bootstrap.servers": bootstrap, "subscribe": source, "startingOffsets": "earliest",
+                   "maxOffsetsPerTrigger": 150},
+        "format": {"type": "json", "schema": "id INT, name STRING"},
+        "output": {"value": "name"},
+        "sink": {"topic": sink},
+        "checkpoint": str(tmp_path / "checkpoint"),
+        "trigger": "1 second",
+        "bad_records": {"policy": "dead-letter", "topic": dead},
+    }))
+    port = free_port()
+    log = open(tmp_path / "run.log", "w")  # noqa: SIM115 - the child writes it
+    run = subprocess.Popen([sys.executable, "-m", "sparkeos", "run", str(job), "--master", "local[2]",
+                            "--metrics-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: scrape(port)["sparkeos_batches_total"] >= 1 or run.poll() is not None, timeout_s=120,
+                 what="the job's first batch")
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+        # Input arrives faster than 150 records a second: the lag rises, then falls to 0 once the job caught up.
+        produce(bootstrap, source, people(300, 3000))
+        lags = []
+        wait_for(lambda: lags.append(scrape(port)["sparkeos_source_lag_records"]) or lags[-1] > 0, timeout_s=60,
+                 interval_s=0.3, what="a lag above 0 while input arrives faster than the trigger admits")
+        seen = []
+        wait_for(lambda: seen.append(scrape(port)) or (seen[-1]["sparkeos_input_records_total"] == 3302
+                                                       and seen[-1]["sparkeos_source_lag_records"] == 0),
+                 timeout_s=180, interval_s=0.5, what=f"the job to read all of its input: {seen[-1:]}")
+        metrics = wait_for(lambda: (m := scrape(port))["sparkeos_output_records_total"] == 3300 and m,
+                           timeout_s=30, what="the output count to reach the input's")
+    finally:
+        run.terminate()
+        run.wait(60)
+        log.close()
+    output = (tmp_path / "run.log").read_text()
+    assert count_records(bootstrap, sink) == metrics["sparkeos_output_records_total"] == 3300
+    assert count_records(bootstrap, dead) == metrics["sparkeos_dead_letter_records_total"] == 2
+    # Every committed transaction of the query left one marker record, read back under read_committed.
+    markers = [json.loads(value) for _p, _o, _k, value, _h in read_records(bootstrap, DEFAULT_MARKER_TOPIC)]
+    ours = [m for m in markers if str(m.get("transactional_id", "")).startswith("sparkeos-")
+            and m.get("records")]
+    assert ours and metrics["sparkeos_sink_transactions_total"] == len(ours)
+    assert metrics["sparkeos_batch_duration_seconds_count"] == metrics["sparkeos_batches_total"] > 1
+    assert max(lags) > 0
+    assert metrics["sparkeos_restarts_total"] == 0
+    # Not on a terminal: plain lines with the same figures, the last one once the job stopped.
+    assert "3,302 records in" in output and "3,300 delivered" in output and "2 dead-lettered" in output, output[-3000:]
+    assert time.time() - metrics["sparkeos_last_batch_timestamp_seconds"] < 120
