@@ -134,7 +134,7 @@ def test_run_restarts_a_failed_driver_applies_the_spark_settings_stops_on_sigter
     assert recorded_settings(tmp_path) == {
         "spark.sql.shuffle.partitions": "3", "spark.sparkeos.test.file": "from the file",
         "spark.sparkeos.test.both": "from --conf", "spark.sparkeos.test.cli": "a=b",
-        "spark.ui.enabled": "false", "spark.log.level": "ERROR", "spark.app.name": "conf-probe",
+        "spark.ui.enabled": None, "spark.log.level": "ERROR", "spark.app.name": "conf-probe",
         "master": "local[2]"}
     noise = NOISE.findall(output) + re.findall(r"(?:INFO|WARNING) sparkeos\.\w+|Traceback", output)
     assert not noise, f"noise on the terminal: {noise}\n{output[-5000:]}"

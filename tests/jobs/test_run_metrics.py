@@ -4,6 +4,7 @@ parser, against what independent read_committed readers count; and its console's
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -101,3 +102,4 @@ def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_
     # Not on a terminal: plain lines with the same figures, the last one once the job stopped.
     assert "3,302 records in" in output and "3,300 delivered" in output and "2 dead-lettered" in output, output[-3000:]
     assert time.time() - metrics["sparkeos_last_batch_timestamp_seconds"] < 120
+    assert re.search(r"Spark UI at http://\S+:\d+", output), output[-3000:]

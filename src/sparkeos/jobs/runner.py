@@ -53,10 +53,10 @@ LOG_LEVEL_ENV = "SPARKEOS_LOG_LEVEL"  # sparkeos.spark.reports: from which level
 # Defaults of every driver `sparkeos run` starts. Spark's log level is the one setting among them for every master:
 # the driver's stderr is the job's log, and Spark's INFO and WARN lines would drown the job's own.
 DEFAULT_SPARK_CONF = {"spark.log.level": "ERROR"}
-# For local masters only: a job on one machine has little data per batch and nobody at a web UI. A cluster keeps
-# Spark's defaults (200 shuffle partitions, the UI).
+# For local masters only: a job on one machine has little data per batch, and the console would fight Spark's
+# progress bar. A cluster keeps Spark's defaults (200 shuffle partitions). The web UI stays on everywhere; the
+# driver prints its address.
 LOCAL_SPARK_CONF = {
-    "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
 }
@@ -172,6 +172,8 @@ def run_driver(job_path: str, master: str | None, available_now: bool, progress_
         from ..metrics import watch
 
         watch(spark)  # before the query starts: every batch's progress reaches the supervisor's exporter
+    if spark.sparkContext.uiWebUrl:
+        log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
     query = start_query(spark, spec, build(spark, spec).output, available_now)
     stopping = []
 
