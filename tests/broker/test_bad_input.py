@@ -10,7 +10,6 @@ import random
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,8 +22,15 @@ from kafka.protocol.producer import ProduceRequest
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.dispatch import APIS
-from sparkeos.broker.embedded import READY_PREFIX
-from support.wire import ConnectionClosed, WireClient, build_batch, produce_request, request_frame, split_address
+from support.wire import (
+    ConnectionClosed,
+    WireClient,
+    build_batch,
+    produce_request,
+    request_frame,
+    split_address,
+    start_logged_broker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -325,23 +331,11 @@ def _fuzz(address: tuple[str, int], seed: int, frames: list[bytes], count: int, 
         sock.close()
 
 
-def _start_logged_broker(data_dir: Path, stderr_path: Path) -> tuple[subprocess.Popen, str]:
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-             "--log-level", "INFO"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith(READY_PREFIX), f"broker did not start: {line!r}"
-    return process, line[len(READY_PREFIX):].strip()
-
-
 def test_fuzzing_never_crashes_the_broker(tmp_path: Path, topic_name: str) -> None:
     seed = int(os.environ.get("SPARKEOS_TEST_SEED", random.randrange(2**32)))
     log.warning("fuzz seed %d", seed)
     stderr_path = tmp_path / "broker.stderr"
-    process, bootstrap = _start_logged_broker(tmp_path / "broker", stderr_path)
+    process, bootstrap = start_logged_broker(tmp_path / "broker", stderr_path)
     try:
         total = 3000
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",

@@ -16,7 +16,6 @@ import random
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,10 +27,9 @@ from kafka.protocol.producer import ProduceResponse
 from kafka.record.default_records import DefaultRecordBatch
 
 from sparkeos.broker.dispatch import APIS
-from sparkeos.broker.embedded import READY_PREFIX
 from support.readers import read_with_confluent, read_with_kafka_python
 from support.records import batch, fix_crc, record, record_body, varint
-from support.wire import WireClient, produce_request, request_frame, split_address
+from support.wire import WireClient, produce_request, request_frame, split_address, start_logged_broker
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +46,6 @@ FRAME_PATIENCE_S = 2.0
 
 
 # -- the broker ----------------------------------------------------------------------------------
-
-
-def _start_broker(data_dir: Path, stderr_path: Path) -> tuple[subprocess.Popen, str]:
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
-             "--log-level", "INFO"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith(READY_PREFIX), f"broker did not start: {line!r}"
-    return process, line[len(READY_PREFIX):].strip()
 
 
 def _create_topics(bootstrap: str) -> None:
@@ -345,7 +331,7 @@ class GoodClient(threading.Thread):
 def test_fuzzing_the_broker_leaves_every_partition_readable(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     stderr_path = tmp_path / "broker.stderr"
-    process, bootstrap = _start_broker(tmp_path / "broker", stderr_path)
+    process, bootstrap = start_logged_broker(tmp_path / "broker", stderr_path)
     address = split_address(bootstrap)
     counts: collections.Counter[str] = collections.Counter()
     started = time.monotonic()

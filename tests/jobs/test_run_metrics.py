@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import count_records, read_records
+from support.postgres import free_port
 from support.spark import create_topic, produce, unique, wait_for
 
 BAD = ["{broken json", "{also broken"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def scrape(port: int) -> Counter:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
@@ -18,6 +21,8 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, Met
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
+
+from sparkeos.broker.embedded import READY_PREFIX
 
 PRODUCE_VERSION = 8
 LATEST_TIMESTAMP = -1
@@ -242,3 +247,16 @@ def request_frame(api_key: int, api_version: int, correlation_id: int, body: byt
         header += b"\x00"
     payload = header + body
     return struct.pack(">i", len(payload)) + payload
+
+
+def start_logged_broker(data_dir: Path, stderr_path: Path) -> tuple[subprocess.Popen, str]:
+    """`sparkeos broker` as a child process logging at INFO into `stderr_path`; (process, bootstrap address)."""
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+             "--log-level", "INFO"],
+            stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith(READY_PREFIX), f"broker did not start: {line!r}"
+    return process, line[len(READY_PREFIX):].strip()
