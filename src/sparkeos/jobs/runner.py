@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..metrics import MetricsExporter
-from ..spark.metric_events import METRICS_DIR_ENV
+from ..spark.metric_events import METRICS_DIR_ENV, QUERY_PROGRESS, emit
 from ..spark.workers import worker_python
 from .console import RunConsole, snapshot
 from .quiet import (
@@ -168,10 +168,6 @@ def run_driver(job_path: str, master: str | None, available_now: bool, progress_
         settings = {k: v for k, v in spark_settings(spec, submitted.get("spark.master"), conf).items()
                     if k not in submitted}
     spark = sparkeos.spark.session(spec.name, master=master, config=settings)
-    if os.environ.get(METRICS_DIR_ENV):
-        from ..metrics import watch
-
-        watch(spark)  # before the query starts: every batch's progress reaches the supervisor's exporter
     if spark.sparkContext.uiWebUrl:
         log.info("Spark UI at %s", spark.sparkContext.uiWebUrl)
     query = start_query(spark, spec, build(spark, spec).output, available_now)
@@ -182,13 +178,16 @@ def run_driver(job_path: str, master: str | None, available_now: bool, progress_
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    progress_sent: set[tuple[str, int]] = set()
     while not stopping:
         if query.awaitTermination(0.5):
             break
+        send_progress(query, progress_sent)
         if progress_file is not None:
             report_progress(query, progress_file)
     if stopping:
         query.stop()
+    send_progress(query, progress_sent)
     if progress_file is not None:
         report_progress(query, progress_file)
     error = query.exception()
@@ -210,6 +209,22 @@ def start_query(spark, spec: JobSpec, output, available_now: bool):
     elif spec.trigger_s is not None:
         writer = writer.trigger(processingTime=f"{int(spec.trigger_s * 1000)} milliseconds")
     return writer.start()
+
+
+def send_progress(query, sent: set[tuple[str, int]]) -> None:
+    """Each new batch's progress as an event for the supervisor's metrics exporter (when it reads events). Polled
+    here rather than through a StreamingQueryListener, whose calls from the JVM need py4j's callback server."""
+    if not os.environ.get(METRICS_DIR_ENV):
+        return
+    current = set()
+    for progress in query.recentProgress:
+        key = (progress["runId"], progress["batchId"])
+        current.add(key)
+        if key not in sent:
+            emit(QUERY_PROGRESS, json.loads(progress.json))
+    # Spark keeps the latest progress updates only: what it dropped cannot come back.
+    sent.clear()
+    sent.update(current)
 
 
 def report_progress(query, path: Path) -> None:
