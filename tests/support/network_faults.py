@@ -112,7 +112,8 @@ SINK_FAULTS = (
 class FaultInjector(threading.Thread):
     """Injects `faults` in turn, a random pause apart, until stopped; counts those that took effect."""
 
-    def __init__(self, proxy: TcpProxy, faults: tuple[Fault, ...], seed: int, pause_s: tuple[float, float] = (0.5, 2)):
+    def __init__(self, proxy: TcpProxy, faults: tuple[Fault, ...], seed: int,
+                 pause_s: tuple[float, float] = (0.3, 1.0)):
         super().__init__(name="fault-injector", daemon=True)
         self.proxy, self.faults = proxy, faults
         self.random = random.Random(seed)

@@ -17,7 +17,7 @@ from support.network_faults import SOURCE_AND_DRIVER_FAULTS, faulty_pipeline
 @pytest.mark.timeout(600)
 def test_query_under_network_faults_directory_stays_exact(tmp_path):
     output = tmp_path / "output"
-    with faulty_pipeline(tmp_path, records=5_000) as pipeline:
+    with faulty_pipeline(tmp_path, records=3_000) as pipeline:
         injected = pipeline.run(pipeline.job_args("--sink-path", str(output)), SOURCE_AND_DRIVER_FAULTS)
     rows = output_rows(output, "pyarrow")
     assert not row_problems(rows)

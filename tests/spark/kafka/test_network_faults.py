@@ -20,7 +20,7 @@ from support.spark import create_topic, unique
 
 @pytest.mark.timeout(600)
 def test_query_under_network_faults_output_stays_exact(tmp_path):
-    with faulty_pipeline(tmp_path, records=7_000) as pipeline:
+    with faulty_pipeline(tmp_path, records=5_000) as pipeline:
         sink = create_topic(pipeline.bootstrap, unique("out"), partitions=2)
         injected = pipeline.run(pipeline.job_args("--sink", sink), SINK_FAULTS + SOURCE_AND_DRIVER_FAULTS)
         pipeline.close()

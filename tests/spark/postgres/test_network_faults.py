@@ -47,7 +47,7 @@ def test_query_under_network_faults_table_stays_exact(postgres, tmp_path):
     table = f"faults_{uuid.uuid4().hex[:10]}"
     with postgres.connect() as connection:
         connection.execute(f"CREATE TABLE {table} (n bigint PRIMARY KEY, k bigint, text text)")
-    with faulty_pipeline(tmp_path, records=5_000) as pipeline, TcpProxy(
+    with faulty_pipeline(tmp_path, records=3_000) as pipeline, TcpProxy(
             target_port=postgres.port, kafka_framing=False, seed=pipeline.seed) as database_proxy:
         database_url = f"postgresql://postgres@{database_proxy.address}/postgres"
         injected = pipeline.run(pipeline.job_args("--postgres-url", database_url, "--postgres-table", table),
