@@ -2,9 +2,10 @@
 `start_exporter` serves from a script of one's own.
 
 The numbers come from events that Spark's processes write as JSON lines into one directory
-(`sparkeos.spark.metric_events`): each sink's commit and abort of a batch, and each batch's progress, which a
-`StreamingQueryListener` writes on the driver. The exporter reads what was appended, so it can live in another
-process than the driver, as `sparkeos run` has it: its counters then outlive a driver restart. Lag is Spark's
+(`sparkeos.spark.metric_events`): each sink's commit and abort of a batch, and each batch's progress, which the
+driver writes (a `StreamingQueryListener` from `watch`, or `sparkeos run`'s driver polling its query). The
+exporter reads what was appended, so it can live in another process than the driver, as `sparkeos run` has it: its
+counters then outlive a driver restart. Lag is Spark's
 own: the source reports the partitions' ends it saw when it planned a batch (the progress's latestOffset), and
 the lag of a partition is that end less the batch's end offset.
 
