@@ -9,7 +9,6 @@ import os
 import random
 import socket
 import struct
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from support.wire import (
     request_frame,
     split_address,
     start_logged_broker,
+    stop_logged_broker,
 )
 
 log = logging.getLogger(__name__)
@@ -392,12 +392,7 @@ def test_fuzzing_never_crashes_the_broker(tmp_path: Path, topic_name: str) -> No
         with WireClient(bootstrap) as client:
             assert client.log_end_offset(topic_name, 0) == total
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_logged_broker(process)
     errors = stderr_path.read_text()
     bad_lines = [line for line in errors.splitlines()
                  if "Traceback" in line or " ERROR " in line or " CRITICAL " in line]

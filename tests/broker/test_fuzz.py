@@ -15,7 +15,6 @@ import os
 import random
 import socket
 import struct
-import subprocess
 import threading
 import time
 import uuid
@@ -29,7 +28,14 @@ from kafka.record.default_records import DefaultRecordBatch
 from sparkeos.broker.dispatch import APIS
 from support.readers import read_with_confluent, read_with_kafka_python
 from support.records import batch, fix_crc, record, record_body, varint
-from support.wire import WireClient, produce_request, request_frame, split_address, start_logged_broker
+from support.wire import (
+    WireClient,
+    produce_request,
+    request_frame,
+    split_address,
+    start_logged_broker,
+    stop_logged_broker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -389,12 +395,7 @@ def test_fuzzing_the_broker_leaves_every_partition_readable(tmp_path: Path) -> N
         counts["records in fuzzed topics"] = sum(end - start for (name, _), (start, end) in ranges.items()
                                                  if name in TOPICS)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_logged_broker(process)
     counts["seconds"] = round(time.monotonic() - started)
     log.warning("fuzz seed %d: %s", SEED, dict(sorted(counts.items())))
     print(f"fuzz seed {SEED}: {dict(sorted(counts.items()))}")

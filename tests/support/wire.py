@@ -260,3 +260,13 @@ def start_logged_broker(data_dir: Path, stderr_path: Path) -> tuple[subprocess.P
     line = process.stdout.readline()
     assert line.startswith(READY_PREFIX), f"broker did not start: {line!r}"
     return process, line[len(READY_PREFIX):].strip()
+
+
+def stop_logged_broker(process: subprocess.Popen) -> None:
+    """Stop a broker of `start_logged_broker`: SIGTERM, then SIGKILL if it does not exit within 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
