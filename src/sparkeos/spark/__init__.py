@@ -12,11 +12,16 @@ program Spark runs for Python workers.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 def register(spark: SparkSession) -> SparkSession:
@@ -58,4 +63,28 @@ def session(
             config.setdefault(f"spark.executorEnv.{variable}", config[spark_name])
     for key, value in config.items():
         builder = builder.config(key, value)
-    return register(builder.getOrCreate())
+    spark = register(builder.getOrCreate())
+    quiet_closed_accumulator_connections(spark.sparkContext)
+    return spark
+
+
+def quiet_closed_accumulator_connections(context: SparkContext) -> None:
+    """The driver's accumulator server logs a connection the JVM closed at DEBUG instead of printing a traceback.
+
+    The JVM sends accumulator updates over one connection it opens again whenever it finds it closed; it closes it
+    when a stopped query interrupts a running batch, or when it exits before the Python driver. PySpark's server
+    then reads end-of-file and socketserver prints "Exception occurred during processing of request" with an
+    EOFError's traceback to stderr: nothing was lost, and nothing for the user to do. Every other error is still
+    printed."""
+    server = getattr(context, "_accumulatorServer", None)
+    if server is None:
+        return
+    print_error = server.handle_error
+
+    def handle_error(request, client_address) -> None:  # noqa: ANN001 - socketserver's own signature
+        if isinstance(sys.exc_info()[1], EOFError):
+            log.debug("the JVM closed its accumulator connection from %s", client_address)
+            return
+        print_error(request, client_address)
+
+    server.handle_error = handle_error
