@@ -132,6 +132,8 @@ def _add_audit_parser(commands: argparse._SubParsersAction) -> None:
                                           "sparkeos.files sink (default: the job's sink.path), or the table of a "
                                           "sparkeos.postgres sink (default: the job's dbtable)")
     parser.add_argument("--dead-letter", help="the dead-letter topic (default: the job's bad_records.topic)")
+    parser.add_argument("--master", type=_spark_master, default="local[*]",
+                        help="Spark master of the audit's own session (local[*])")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
 
 
@@ -215,7 +217,7 @@ def run_audit(args: argparse.Namespace) -> int:
         return 2
     import sparkeos.spark
 
-    spark = sparkeos.spark.session("sparkeos-audit", master="local[*]", config=SESSION_CONFIG)
+    spark = sparkeos.spark.session("sparkeos-audit", master=args.master, config=SESSION_CONFIG)
     spark.sparkContext.setLogLevel("ERROR")
     report = audit(spark, spec, args.bootstrap_servers, args.input, args.output, args.dead_letter)
     print_report(report)

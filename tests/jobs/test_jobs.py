@@ -232,11 +232,13 @@ def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, bro
     job_path = tmp_path / "job.yaml"
     job_path.write_text(yaml.safe_dump(job(bootstrap, source, sink, str(tmp_path / "ck"))))
     command = [sys.executable, "-m", "sparkeos", "audit", str(job_path), "--bootstrap-servers", bootstrap,
-               "--input", source, "--output", wrong_sink, "--json"]
+               "--input", source, "--output", wrong_sink, "--json", "--master", "local[2]"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 1, result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert (summary["missing"], summary["duplicated"], summary["unexpected"]) == (1, 1, 1)
+    refused = subprocess.run([*command[:-1], "local[x]"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "is not one of local, local[N]" in refused.stderr, refused.stderr
 
 
 FAILING_TRANSFORM = """
