@@ -133,6 +133,9 @@ class StandaloneCluster:
                 return json.load(page)
         except OSError:
             return None
+        except ValueError:
+            # A master still starting its web UI can answer /json/ with its HTML page.
+            return None
 
     def alive_workers(self) -> int:
         state = self.state() or {}
