@@ -10,11 +10,16 @@ In a Spark Python worker, the first pause also freezes (gc.freeze) the objects t
 its modules, pyspark's, and their state, which live as long as the worker does (and those of its first task,
 left to reference counting alone). pyspark's daemon makes a full collection after every task a worker runs,
 over all of them; once they are frozen, it has only a few objects left to look at.
+
+The same holds for the Python workers that run a streaming sink's driver-side calls (its `streamWriter()` and
+`commit()`, twice per micro-batch): they come from the same daemon, which collects after each call, on the
+critical path of every batch. `freeze_planner_worker_once` freezes them at their first call.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,3 +57,16 @@ def _freeze_the_worker_once() -> None:
     if not _worker_frozen and TaskContext.get() is not None:
         gc.freeze()
         _worker_frozen = True
+
+
+# Set by Spark for its Python workers (and their daemon); never in the user's driver process.
+_SPARK_WORKER_VARIABLE = "PYTHON_WORKER_FACTORY_SECRET"
+
+
+def freeze_planner_worker_once() -> None:
+    """In a Spark Python worker that runs a data source's driver-side calls, freeze what it holds at the first."""
+    global _worker_frozen
+    with _lock:
+        if not _worker_frozen and _SPARK_WORKER_VARIABLE in os.environ:
+            gc.freeze()
+            _worker_frozen = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from ..gc_pause import freeze_planner_worker_once
 from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter
 from .options import check_input_schema, parse_file_sink_options
 from .sink import FileSink
@@ -32,4 +33,5 @@ class FilesDataSource(DataSource):
         return TwoPhaseCommitBatchWriter(self._sink(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
+        freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))

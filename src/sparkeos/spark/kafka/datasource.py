@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from ..gc_pause import freeze_planner_worker_once
 from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink.startup_checks import prepare_exactly_once, validate_input_schema
 from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
@@ -40,6 +41,7 @@ class KafkaDataSource(DataSource):
         return KafkaBatchWriter(options, marker_partitions)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        freeze_planner_worker_once()
         options = parse_sink_options(self.options)
         validate_input_schema(schema, options)
         marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0

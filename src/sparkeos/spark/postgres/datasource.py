@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from ..gc_pause import freeze_planner_worker_once
 from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, commit_batch
 from .options import parse_postgres_sink_options
 from .sink import PostgresSink
@@ -46,4 +47,5 @@ class PostgresDataSource(DataSource):
         return PostgresBatchWriter(self._sink(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
+        freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))
