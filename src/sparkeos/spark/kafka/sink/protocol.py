@@ -28,14 +28,15 @@ Protocol
    Otherwise it begins a transaction, produces the records, then the marker record and the marker
    offset, and commits. Any error aborts the transaction, discards the producer and fails the task;
    Spark's retry decides again from step 3, on a new producer.
-4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a
-   commit of T that is not this producer's last, another producer committed T after it, and so fenced it:
-   it is replaced at once. Otherwise each transaction starts with the marker offset
+4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a commit
+   of T that is not this producer's last, another producer committed T after it, and so fenced it: it is
+   replaced at once. Otherwise each transaction starts with the marker offset
    (``send_offsets_to_transaction``), a synchronous round trip: if it fails, or does not return within its
    bound (``BEGIN_TIMEOUT_S``), the producer is replaced (``init_transactions``) and the marker read again,
-   before any input is consumed. A producer fenced after that point cannot commit; its commit fails the
-   task. A cached producer that no task used for ``spark.kafka.producer.cache.timeout`` is closed between
-   transactions (``sparkeos.spark.client_cache``); the next task of T starts again at step 3.
+   before any record is produced. Steps 3 and 4 up to here run while the task reads its input ahead. A
+   producer fenced after that point cannot commit; its commit fails the task. A cached producer that no task
+   used for ``spark.kafka.producer.cache.timeout`` is closed between transactions
+   (``sparkeos.spark.client_cache``); the next task of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
 
@@ -135,7 +136,7 @@ class _TransactionalWriter(MarkerReader):
 
     def begin(self, batch: int, query_id: str | None) -> None:
         """Step 4: open the transaction with the marker offset first, a synchronous round trip that fails here,
-        before any input is consumed, if another producer of this id has fenced us."""
+        before any record is produced, if another producer of this id has fenced us."""
         self.producer.begin_transaction()
         offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1, metadata=query_id or "")]
         group = self.consumer.consumer_group_metadata()
@@ -211,31 +212,17 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         if one_write_id:
             _writers.forget(writer)
 
-    # Steps 3 and 4: the worker's producer for T and T's marker, fetched while the task reads ahead.
-    writer, committed, buffered = _set_up_while_reading_ahead(key, create, put_back, query_id, scan_records, first,
-                                                              rest)
+    # Steps 3 and 4: the worker's producer for T, T's marker and the transaction's start, while the task reads ahead.
+    writer, committed, began, buffered = _set_up_while_reading_ahead(
+        key, create, put_back, batch, query_id, scan_records, first, rest)
     pending = itertools.chain(buffered, rest)
     try:
-        for attempt in range(2):
-            # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume, write nothing.
-            if committed is not None and committed >= batch:
-                skipped = _drain(pending)
-                log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
-                         committed, skipped)
-                return SinkCommit(partition, batch, skipped, True, transactional_id)
-            # Step 4: the transaction starts with the marker offset, before any input is consumed.
-            try:
-                began = time.monotonic()
-                writer.begin(batch, query_id)
-                break
-            except (KafkaException, ClientCallStuck):
-                # Step 4: fenced (another worker initialised this id since we cached the producer), broken or
-                # stuck: a new producer fences the others, and the marker is read again under its epoch.
-                _writers.forget(writer)
-                if attempt == 1:
-                    raise
-                writer = _writers.acquire(key, create)
-                committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+        # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume, write nothing.
+        if began is None:
+            skipped = _drain(pending)
+            log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
+                     committed, skipped)
+            return SinkCommit(partition, batch, skipped, True, transactional_id)
         # Step 3: the records, then the marker record, then the commit.
         by_topic: dict[str, int] = {}
         try:
@@ -260,13 +247,14 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
 
 
 def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalWriter],
-                                put_back: Callable[[_TransactionalWriter], None], query_id: str | None,
+                                put_back: Callable[[_TransactionalWriter], None], batch: int, query_id: str | None,
                                 scan_records: bool, first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
-                                ) -> tuple[_TransactionalWriter, int | None, list[pa.RecordBatch]]:
-    """Step 3's producer and marker, fetched in a thread while the task reads ahead; then (writer, last committed
-    batch, the batches read meanwhile)."""
+                                ) -> tuple[_TransactionalWriter, int | None, float | None, list[pa.RecordBatch]]:
+    """Step 3's producer and marker, and step 4's start of the transaction, in a thread while the task reads ahead;
+    then (writer, last committed batch, when the transaction began or None if (B, p) is already committed, the
+    batches read meanwhile). No record is produced before the transaction began."""
 
-    def writer_and_marker() -> tuple[_TransactionalWriter, int | None]:
+    def writer_marker_and_transaction() -> tuple[_TransactionalWriter, int | None, float | None]:
         # Step 3: the worker's producer for T (a new one runs init_transactions), then T's marker.
         writer = _writers.acquire(key, create)
         try:
@@ -279,20 +267,42 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
                 _writers.forget(writer)
                 writer = _writers.acquire(key, create)
                 committed = writer.last_committed_batch(query_id, scan_records=scan_records)
-            return writer, committed
+            for attempt in range(2):
+                # Step 3: if the marker of this query is >= B, (B, p) is already committed.
+                if committed is not None and committed >= batch:
+                    return writer, committed, None
+                # Step 4: the transaction starts with the marker offset, before any record is produced.
+                try:
+                    began = time.monotonic()
+                    writer.begin(batch, query_id)
+                    return writer, committed, began
+                except (KafkaException, ClientCallStuck):
+                    # Step 4: fenced (another worker initialised this id since we cached the producer), broken or
+                    # stuck: a new producer fences the others, and the marker is read again under its epoch.
+                    _writers.forget(writer)
+                    if attempt == 1:
+                        raise
+                    writer = _writers.acquire(key, create)
+                    committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            raise AssertionError("unreachable: the last attempt returns or raises")
         except BaseException:
             put_back(writer)
             raise
 
     def put_back_unused(setting_up: Future) -> None:
         if setting_up.exception() is None:
-            put_back(setting_up.result()[0])
+            writer, _committed, began = setting_up.result()
+            if began is not None:
+                # Step 3: the input failed after the transaction began: abort it, and never use the producer again.
+                writer.abort_quietly()
+                _writers.forget(writer)
+            put_back(writer)
 
     setting_up: Future = Future()
 
     def set_up() -> None:
         try:
-            setting_up.set_result(writer_and_marker())
+            setting_up.set_result(writer_marker_and_transaction())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the task's thread
             setting_up.set_exception(exc)
 
@@ -304,8 +314,8 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
         # The input failed: the task fails now, not after the set-up, whose writer goes back to the cache unused.
         setting_up.add_done_callback(put_back_unused)
         raise
-    writer, committed = setting_up.result()
-    return writer, committed, buffered
+    writer, committed, began = setting_up.result()
+    return writer, committed, began, buffered
 
 
 def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
