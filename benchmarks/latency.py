@@ -34,6 +34,8 @@ The variants, all local[2] or parallelism 2, each reading with read_committed an
   (d) PyFlink 2.0 KafkaSource -> KafkaSink, DeliveryGuarantee.EXACTLY_ONCE, checkpoints every 250 ms (Flink's
       local mini-cluster, no Python function in the job)
   (e) the same with checkpoints every 1 s
+  (f) (a) with the low-latency switch (sparkeos.spark.low_latency's settings, set on the shared session)
+  (g) (f) with a 0 s trigger: each batch starts as soon as the last one ended
 
 Spark's session is started once and shared by (a)-(c), after one untimed rehearsal of (a) (see rehearse_spark); for
 (a)-(c) the run also prints Spark's own per-batch figures (query.recentProgress durationMs, batches that started
@@ -96,11 +98,16 @@ VARIANTS = {
     "c": "(c) sparkeos at_least_once, 250 ms",
     "d": "(d) flink EXACTLY_ONCE, 250 ms",
     "e": "(e) flink EXACTLY_ONCE, 1 s",
+    "f": "(f) sparkeos exactly_once, 250 ms, low_latency",
+    "g": "(g) sparkeos exactly_once, 0 s, low_latency",
 }
+# guarantee, trigger, whether the low-latency switch (sparkeos.spark.low_latency) is on
 SPARK_VARIANTS = {
-    "a": ("exactly_once", "250 milliseconds"),
-    "b": ("exactly_once", "1 second"),
-    "c": ("at_least_once", "250 milliseconds"),
+    "a": ("exactly_once", "250 milliseconds", False),
+    "b": ("exactly_once", "1 second", False),
+    "c": ("at_least_once", "250 milliseconds", False),
+    "f": ("exactly_once", "250 milliseconds", True),
+    "g": ("exactly_once", "0 seconds", True),
 }
 FLINK_CHECKPOINT_MS = {"d": 250, "e": 1000}
 SPARK_PHASES = ("triggerExecution", "addBatch", "walCommit", "commitOffsets", "latestOffset", "queryPlanning",
@@ -512,12 +519,20 @@ def spark_session_for_benchmark():
 
 
 class SparkPipeline:
-    def __init__(self, spark, guarantee: str, trigger: str) -> None:
-        self.spark, self.guarantee, self.trigger = spark, guarantee, trigger
+    def __init__(self, spark, guarantee: str, trigger: str, low_latency: bool) -> None:
+        self.spark, self.guarantee, self.trigger, self.low_latency = spark, guarantee, trigger, low_latency
         self.query = None
+        self.saved_settings: dict[str, str | None] = {}
 
     def start(self, bootstrap: str, source: str, sink: str, workdir: Path, start_timeout_s: float) -> dict[str, Any]:
         started = time.monotonic()
+        if self.low_latency:
+            from sparkeos.spark.low_latency import SETTINGS
+
+            # The session is shared by every Spark variant; these are SQL settings, which a running session takes.
+            for key, value in SETTINGS.items():
+                self.saved_settings[key] = self.spark.conf.get(key, None)
+                self.spark.conf.set(key, value)
         frame = (
             self.spark.readStream.format("sparkeos.kafka")
             .option("kafka.bootstrap.servers", bootstrap)
@@ -547,6 +562,11 @@ class SparkPipeline:
         progress = list(self.query.recentProgress)
         error = self.query.exception()
         self.query.stop()
+        for key, value in self.saved_settings.items():
+            if value is None:
+                self.spark.conf.unset(key)
+            else:
+                self.spark.conf.set(key, value)
         if error is not None:
             raise RuntimeError(f"the query failed: {error}")
         return {"progress": progress}

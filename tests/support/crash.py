@@ -155,20 +155,25 @@ def exception_lines(lines: list[str], most: int = 8, width: int = 400) -> list[s
 class Driver:
     """One run of tests/support/pipeline_job.py, in a session of its own, output in log files."""
 
-    def __init__(self, log_dir: Path, tag: str, args: list[str]):
+    def __init__(self, log_dir: Path, tag: str, args: list[str], alternate_low_latency: bool = False):
         self.log_dir = log_dir
         self.tag = tag
         self.args = args
+        self.alternate_low_latency = alternate_low_latency
         self.process: subprocess.Popen | None = None
         self.stdout_path: Path | None = None
         self.started_at = 0.0
 
     def start(self, run: int) -> Driver:
+        """Run `run` of the job. With `alternate_low_latency`, odd runs turn the low-latency switch on
+        (sparkeos.spark.low_latency): the checkpoint goes back and forth between the two, and each must keep the
+        output exact."""
         self.stdout_path = self.log_dir / f"driver-{run}.out"
         environment = {**os.environ, TAG_VARIABLE: self.tag, "PYSPARK_PYTHON": sys.executable}
+        switch = ["--low-latency"] if self.alternate_low_latency and run % 2 else []
         with open(self.stdout_path, "w") as stdout, open(self.log_dir / f"driver-{run}.err", "w") as stderr:
             self.process = subprocess.Popen(
-                [sys.executable, str(JOB), *self.args],
+                [sys.executable, str(JOB), *self.args, *switch],
                 stdout=stdout,
                 stderr=stderr,
                 env=environment,

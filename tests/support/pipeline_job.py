@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--postgres-url", help="write to the sparkeos.postgres sink at this database instead")
     parser.add_argument("--postgres-table", help="the sparkeos.postgres sink's table")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark configuration")
+    parser.add_argument("--low-latency", action="store_true", help="sparkeos.spark.session(low_latency=True)")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--trigger-ms", type=int, default=0, help="processing-time trigger; 0 = back to back")
@@ -278,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = spark_config(args.master, args.ui_port)
     config.update(item.split("=", 1) for item in args.conf)
-    spark = sparkeos.spark.session("sparkeos-crash-job", master=args.master, config=config)
+    spark = sparkeos.spark.session("sparkeos-crash-job", master=args.master, config=config,
+                                   low_latency=args.low_latency)
     spark.sparkContext.setLogLevel("WARN")
     stop_requested = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signal, _frame: stop_requested.set())

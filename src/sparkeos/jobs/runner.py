@@ -124,8 +124,13 @@ def resolve_master(master: str | None, spec: JobSpec, conf: dict[str, str]) -> s
 
 
 def spark_settings(spec: JobSpec, master: str | None, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """The driver's Spark settings: defaults, then the job's `spark:` section, then `overrides` (--conf)."""
+    """The driver's Spark settings: defaults, then the low-latency switch's if the job turns it on, then the job's
+    `spark:` section, then `overrides` (--conf)."""
+    from ..spark.low_latency import SETTINGS as LOW_LATENCY_SETTINGS
+
     defaults = {**DEFAULT_SPARK_CONF, **(LOCAL_SPARK_CONF if (master or "").startswith("local") else {})}
+    if spec.low_latency:
+        defaults.update(LOW_LATENCY_SETTINGS)
     return {**defaults, **spec.spark, **(overrides or {})}
 
 

@@ -143,6 +143,7 @@ class JobSpec:
     bad_records: BadRecordSpec
     path: Path | None = None
     spark: dict[str, str] = field(default_factory=dict)  # Spark settings of the job file's `spark:` section
+    low_latency: bool = False  # the settings of sparkeos.spark.low_latency, under the `spark:` section's
 
     @property
     def bootstrap_servers(self) -> str:
@@ -226,7 +227,7 @@ class _Fields:
 
 
 TOP_LEVEL = {"name", "source", "format", "transforms", "window", "output", "sink", "checkpoint", "trigger", "restart",
-             "bad_records", "spark"}
+             "bad_records", "spark", "low_latency"}
 
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
@@ -258,6 +259,9 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
     spark = parse_spark_settings(top.get("spark"), lambda message: fields.fail("spark", message))
     checkpoint = fields.text(top.get("checkpoint"), "checkpoint", required=True)
     trigger = fields.duration(top.get("trigger"), "trigger")
+    low_latency = top.get("low_latency", False)
+    if not isinstance(low_latency, bool):
+        raise fields.fail("low_latency", f"must be true or false (got {low_latency!r})")
     if window and window.time == "processing" and trigger is not None and trigger != window.duration_s:
         raise fields.fail("trigger", "a processing-time window is one micro-batch per window; leave trigger unset "
                           f"or equal to window.duration ({window.duration})")
@@ -267,7 +271,7 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
         output_value=fields.text(output.get("value"), "output.value"),
         output_key=fields.text(output.get("key"), "output.key"),
         sink=sink, checkpoint=str(checkpoint), trigger_s=trigger, restart=restart, bad_records=bad,
-        path=Path(where) if where != "job" else None, spark=spark,
+        path=Path(where) if where != "job" else None, spark=spark, low_latency=low_latency,
     )
 
 

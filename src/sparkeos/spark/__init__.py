@@ -38,9 +38,13 @@ def register(spark: SparkSession) -> SparkSession:
 
 
 def session(
-    app_name: str = "sparkeos", master: str | None = None, config: dict[str, str] | None = None
+    app_name: str = "sparkeos", master: str | None = None, config: dict[str, str] | None = None,
+    low_latency: bool = False,
 ) -> SparkSession:
     """A SparkSession with the sparkeos data sources registered.
+
+    `low_latency`: add the settings of `sparkeos.spark.low_latency` (shorter micro-batches, the same guarantee) to
+    `config`, where it does not set them itself.
 
     Python workers run this interpreter (PYSPARK_PYTHON, unless already set), so they see the same installed
     packages; with a local master, through `workers.worker_python`, which spares each new worker from compiling
@@ -51,13 +55,14 @@ def session(
     from pyspark.sql import SparkSession
 
     from .kafka.options import SPARK_CONF_FOR_ENV
+    from .low_latency import with_low_latency
     from .workers import worker_python
 
     os.environ.setdefault("PYSPARK_PYTHON", worker_python(master))
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    config = dict(config or {})
+    config = with_low_latency(config) if low_latency else dict(config or {})
     for spark_name, variable in SPARK_CONF_FOR_ENV.items():
         if spark_name in config:
             config.setdefault(f"spark.executorEnv.{variable}", config[spark_name])

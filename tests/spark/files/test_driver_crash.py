@@ -1,4 +1,5 @@
 """Crash proof of the `sparkeos.files` sink: the Spark driver is killed with SIGKILL at random moments.
+Every other driver runs with the low-latency switch on (sparkeos.spark.low_latency), from the same checkpoint.
 
 A Kafka -> Spark -> files query (tests/support/pipeline_job.py --sink-path, a separate driver process with its JVM
 and Python workers) is killed again and again, often in the middle of a micro-batch (while tasks stage files,
@@ -107,6 +108,7 @@ def test_driver_killed_at_random_moments_files_stay_exact(broker_process, tmp_pa
         file_pipeline_job_args(
             bootstrap, source, path, checkpoint, "--master", "local[2]", "--max-offsets-per-trigger", "1000"
         ),
+        alternate_low_latency=True,
     )
     feeder = InputFeeder(bootstrap, source, seed, pause_s=0.8)
     reader = DirectoryReader(path)

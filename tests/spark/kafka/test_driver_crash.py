@@ -1,4 +1,5 @@
 """Crash proof of the exactly-once pipeline: the Spark driver is killed with SIGKILL at random moments.
+Every other driver runs with the low-latency switch on (sparkeos.spark.low_latency), from the same checkpoint.
 
 The broker runs in a process of its own and survives. A Kafka -> Spark -> Kafka query
 (tests/support/pipeline_job.py, a separate driver process with its JVM and Python workers) is killed again and
@@ -91,6 +92,7 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
             bootstrap, source, sink, checkpoint, "--master", "local[2]", "--transactional-id-prefix", prefix,
             "--max-offsets-per-trigger", "1000",
         ),
+        alternate_low_latency=True,
     )
     feeder = InputFeeder(bootstrap, source, seed, pause_s=0.8)
     kills: list[Kill] = []

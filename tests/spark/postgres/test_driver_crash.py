@@ -1,4 +1,5 @@
 """Crash proof of the `sparkeos.postgres` sink: the Spark driver is killed with SIGKILL at random moments.
+Every other driver runs with the low-latency switch on (sparkeos.spark.low_latency), from the same checkpoint.
 
 A Kafka -> Spark -> PostgreSQL query (tests/support/pipeline_job.py --postgres-url, a separate driver process with
 its JVM and Python workers) is killed again and again, often in the middle of a micro-batch (while tasks copy rows
@@ -144,6 +145,7 @@ def test_driver_killed_at_random_moments_table_stays_exact(broker_process, postg
         unique("tag"),
         ["--bootstrap", bootstrap, "--source", source, "--postgres-url", postgres.url(), "--postgres-table",
          table.name, "--checkpoint", str(checkpoint), "--master", "local[2]", "--max-offsets-per-trigger", "1000"],
+        alternate_low_latency=True,
     )
     feeder = InputFeeder(bootstrap, source, seed, pause_s=0.8)
     kills: list[Kill] = []
