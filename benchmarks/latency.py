@@ -499,23 +499,11 @@ class Child:
 
 
 def spark_session_for_benchmark():
-    import sparkeos.spark
+    # pipeline.py's session; imported here, as it needs confluent_kafka, which the Flink environment lacks.
+    from pipeline import spark_session_for_benchmark as pipeline_session
 
-    return sparkeos.spark.session(
-        "sparkeos-latency-benchmark",
-        master="local[2]",
-        config={
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.driver.memory": "2g",
-            "spark.python.worker.reuse": "true",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
-            # A 250 ms trigger runs more batches in a run than the default 100 progress reports kept.
-            "spark.sql.streaming.numRecentProgressUpdates": "5000",
-        },
-    )
+    # A 250 ms trigger runs more batches in a run than the default 100 progress reports kept.
+    return pipeline_session("sparkeos-latency-benchmark", {"spark.sql.streaming.numRecentProgressUpdates": "5000"})
 
 
 class SparkPipeline:

@@ -333,12 +333,13 @@ def compile_sparkeos_bytecode() -> None:
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
-def spark_session_for_benchmark():
+def spark_session_for_benchmark(app_name: str = "sparkeos-pipeline-benchmark", more: dict[str, str] | None = None):
+    """The benchmarks' Spark session (benchmarks/latency.py's too, with `more` settings)."""
     import sparkeos.spark
 
     # PYSPARK_PYTHON as sparkeos.spark.session chooses it for a local master (see sparkeos.spark.workers).
     return sparkeos.spark.session(
-        "sparkeos-pipeline-benchmark",
+        app_name,
         master="local[2]",
         config={
             "spark.ui.enabled": "false",
@@ -348,6 +349,7 @@ def spark_session_for_benchmark():
             "spark.python.worker.reuse": "true",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+            **(more or {}),
         },
     )
 
