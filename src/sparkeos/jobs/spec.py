@@ -143,7 +143,7 @@ class JobSpec:
     bad_records: BadRecordSpec
     path: Path | None = None
     spark: dict[str, str] = field(default_factory=dict)  # Spark settings of the job file's `spark:` section
-    low_latency: bool = False  # the settings of sparkeos.spark.low_latency, under the `spark:` section's
+    low_latency: bool = False  # turns on sparkeos.spark.low_latency; the `spark:` section wins over its settings
 
     @property
     def bootstrap_servers(self) -> str:
