@@ -114,3 +114,16 @@ def prepared_transactions(server: PostgresServer, prefix: str = "sparkeos-") -> 
     with server.connect() as connection:
         return [gid for (gid,) in connection.execute(
             "SELECT gid FROM pg_prepared_xacts WHERE starts_with(gid, %s) ORDER BY gid", [prefix])]
+
+
+def roll_back_prepared_transactions(server: PostgresServer) -> list[str]:
+    """Roll back every prepared transaction of the server, each in its own database; returns their global ids."""
+    import psycopg
+    from psycopg import sql
+
+    with server.connect() as connection:
+        prepared = connection.execute("SELECT gid, database FROM pg_prepared_xacts ORDER BY gid").fetchall()
+    for gid, database in prepared:
+        with psycopg.connect(server.url(dbname=database), autocommit=True) as connection:
+            connection.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    return [gid for gid, _database in prepared]
