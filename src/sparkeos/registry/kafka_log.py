@@ -20,6 +20,10 @@ from .errors import store_error
 DEFAULT_TOPIC = "_schemas"
 
 Record = tuple[dict[str, Any], dict[str, Any] | None]
+# The registry's own clients log librdkafka's warnings and errors (syslog level 4) only: its informational lines
+# ("Purging 1 unserved events from background queue" when a client closes) describe its internals, and would
+# reach the terminal of every command that runs the registry.
+QUIET = {"log_level": 4}
 
 
 class KafkaSchemaLog:
@@ -42,6 +46,7 @@ class KafkaSchemaLog:
                 "acks": "all",
                 "linger.ms": 0,
                 "message.timeout.ms": int(self.timeout * 1000),
+                **QUIET,
             }
         )
         self._consumer = Consumer(
@@ -52,6 +57,7 @@ class KafkaSchemaLog:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
+                **QUIET,
             }
         )
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
@@ -112,7 +118,7 @@ class KafkaSchemaLog:
         return max(partition.offset, 0)
 
     def _ensure_topic(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, **QUIET})
         # Compacted, never deleted by age or size: the topic *is* the registry.
         topic = NewTopic(
             self.topic,
