@@ -527,7 +527,7 @@ class SparkPipeline:
             .option("subscribe", source)
             .option("startingOffsets", "earliest")
             .load()
-            .select("key", "value")
+            .select("key", "value", "timestamp")  # the sink measures its own view of the latency from it
         )
         self.query = (
             frame.writeStream.format("sparkeos.kafka")
@@ -548,6 +548,7 @@ class SparkPipeline:
 
     def stop(self) -> dict[str, Any]:
         progress = list(self.query.recentProgress)
+        query_id = str(self.query.id)
         error = self.query.exception()
         self.query.stop()
         for key, value in self.saved_settings.items():
@@ -557,7 +558,41 @@ class SparkPipeline:
                 self.spark.conf.set(key, value)
         if error is not None:
             raise RuntimeError(f"the query failed: {error}")
-        return {"progress": progress}
+        return {"progress": progress, "query_id": query_id}
+
+
+def sink_view(query_id: str, progress: list, steady_from_wall: float | None) -> dict[str, Any]:
+    """The sink's own produce-to-visible latency (sparkeos_sink_visible_latency_seconds) over the batches that
+    started in the steady phase: records, and p50 / p99 interpolated within their buckets as Prometheus's
+    histogram_quantile does."""
+    from sparkeos.spark.metric_events import metrics_dir
+    from sparkeos.spark.visible_latency import BUCKETS, LatencyHistogram
+
+    steady = {p["batchId"] for p in progress if steady_from_wall is None or datetime.fromisoformat(
+        p["timestamp"].replace("Z", "+00:00")).timestamp() >= steady_from_wall}
+    total = LatencyHistogram()
+    for path in sorted(metrics_dir().glob("sink-*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("query") == query_id and event.get("batch") in steady:
+                total.add(LatencyHistogram.from_event(event.get("visible_latency")))
+    view: dict[str, Any] = {"records": total.records}
+    for q in (50, 99):
+        view[f"p{q}_ms"] = histogram_quantile(q / 100, BUCKETS, total.counts) * 1000 if total.records else None
+    return view
+
+
+def histogram_quantile(q: float, bounds: tuple[float, ...], counts: list[int]) -> float:
+    """Prometheus's histogram_quantile over non-cumulative counts: linear within the bucket holding the rank."""
+    rank, seen = q * sum(counts), 0
+    for i, count in enumerate(counts):
+        if seen + count >= rank and count:
+            if i == len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i else 0.0
+            return lower + (bounds[i] - lower) * (rank - seen) / count
+        seen += count
+    return bounds[-1]
 
 
 def batch_figures(progress: list, steady_from_wall: float | None) -> dict[str, Any]:
@@ -602,6 +637,7 @@ class Row:
     producer: dict[str, Any] = field(default_factory=dict)
     pipeline: dict[str, Any] = field(default_factory=dict)
     spark_batches: dict[str, Any] = field(default_factory=dict)
+    sink_view: dict[str, Any] = field(default_factory=dict)
     wait_for_all_s: float | None = None
 
 
@@ -678,6 +714,7 @@ def run_one(row: Row, args: argparse.Namespace, bootstrap: str, workdir: Path, s
             stopped = pipeline.stop()
             pipeline = None
             row.spark_batches = batch_figures(stopped["progress"], produced["steady_first_wall"])
+            row.sink_view = sink_view(stopped["query_id"], stopped["progress"], produced["steady_first_wall"])
         if flink is not None:
             flink.send("stop")
             stopped = flink.expect("stopped", 120)
@@ -762,6 +799,15 @@ def print_report(rows: list[Row], meta: dict[str, Any]) -> None:
             b = r.spark_batches
             lines.append((r.name, f"{r.rate:,}", str(b["batches"]), f"{b['rows']['p50']:.0f} / {b['rows']['p99']:.0f}",
                           *(f"{b[p]['p50']:.0f} / {b[p]['p99']:.0f}" for p in SPARK_PHASES)))
+        print_table(lines)
+    viewed = [r for r in rows if r.sink_view.get("records")]
+    if viewed:
+        print("\nThe sink's own view, sparkeos_sink_visible_latency_seconds (record timestamp to commit; same "
+              "batches), ms, interpolated within buckets")
+        lines = [("variant", "msgs/s", "records", "p50 ms", "p99 ms")]
+        for r in viewed:
+            v = r.sink_view
+            lines.append((r.name, f"{r.rate:,}", f"{v['records']:,}", fmt(v["p50_ms"]), fmt(v["p99_ms"])))
         print_table(lines)
     print()
     for r in rows:
@@ -901,6 +947,9 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
         if any(v in SPARK_VARIANTS for v in variants):
             # The sink's per-batch report lines would bury the progress lines; warnings and errors still show.
             os.environ.setdefault("SPARKEOS_LOG_LEVEL", "WARNING")
+            # Before the session starts, so that Spark's Python workers write the sinks' metrics events there.
+            os.environ["SPARKEOS_METRICS_DIR"] = str(workdir / "metrics")
+            (workdir / "metrics").mkdir(exist_ok=True)
             t0 = time.monotonic()
             spark = spark_session_for_benchmark()
             spark.sparkContext.setLogLevel("ERROR")

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkeos.metrics import MetricsExporter
 from sparkeos.spark import metric_events
 from sparkeos.spark.metric_events import METRICS_DIR_ENV, QUERY_PROGRESS
+from sparkeos.spark.visible_latency import LatencyHistogram
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -109,6 +110,7 @@ def test_the_grafana_dashboard_uses_only_metrics_the_exporter_serves(exporter):
     exporter.metrics.source_lag.labels("t", "0")
     exporter.metrics.sink_transactions.labels("sparkeos.kafka", "committed")
     exporter.metrics.sink_commit.labels("sparkeos.kafka")
+    exporter.metrics.visible_latency.add("sparkeos.kafka", LatencyHistogram())
     served = {name for name, _labels in scrape(exporter.port)}
     dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana-dashboard.json").read_text())
     expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]

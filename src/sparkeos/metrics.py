@@ -21,6 +21,9 @@ Metrics:
   batch that had committed before wrote nothing); ``aborted`` (pre-committed transactions the driver aborted).
 - ``sparkeos_sink_commit_seconds{sink}``: histogram of commit durations (a Kafka transaction's commit in its
   task; a two-phase-commit sink's decision and commit on the driver).
+- ``sparkeos_sink_visible_latency_seconds{sink}``: histogram of produce-to-visible latencies, one observation per
+  record written with a ``timestamp`` column: from that timestamp to the return of the commit that made the
+  record visible (`sparkeos.spark.visible_latency`).
 - ``sparkeos_restarts_total``: driver restarts by `sparkeos run`'s restart strategy.
 - ``sparkeos_last_batch_timestamp_seconds``: when the last micro-batch started (Unix time).
 """
@@ -37,8 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from .spark.metric_events import METRICS_DIR_ENV, QUERY_PROGRESS, SINK_BATCH, emit
+from .spark.visible_latency import BUCKETS as VISIBLE_LATENCY_BUCKETS
+from .spark.visible_latency import LatencyHistogram
 
 log = logging.getLogger("sparkeos.metrics")
 
@@ -71,6 +78,40 @@ class Metrics:
         self.restarts = Counter("sparkeos_restarts", "Driver restarts by the restart strategy", registry=r)
         self.last_batch = Gauge("sparkeos_last_batch_timestamp_seconds", "When the last micro-batch started",
                                 registry=r)
+        self.visible_latency = VisibleLatency()
+        r.register(self.visible_latency)
+
+
+class VisibleLatency(Collector):
+    """``sparkeos_sink_visible_latency_seconds``: a histogram whose counts arrive already bucketed, a batch's
+    records at a time, which prometheus_client's Histogram (one observation per call) cannot take."""
+
+    NAME = "sparkeos_sink_visible_latency_seconds"
+
+    def __init__(self) -> None:
+        self._by_sink: dict[str, LatencyHistogram] = {}
+        self._lock = threading.Lock()
+
+    def add(self, sink: str, histogram: LatencyHistogram) -> None:
+        with self._lock:
+            self._by_sink.setdefault(sink, LatencyHistogram()).add(histogram)
+
+    def collect(self):
+        family = HistogramMetricFamily(self.NAME, "Seconds from a record's timestamp to the commit that made it "
+                                                  "visible", labels=["sink"])
+        with self._lock:
+            for sink, histogram in sorted(self._by_sink.items()):
+                cumulative, buckets = 0, []
+                for bound, count in zip((*VISIBLE_LATENCY_BUCKETS, float("inf")), histogram.counts, strict=True):
+                    cumulative += count
+                    buckets.append(("+Inf" if bound == float("inf") else _bound_label(bound), cumulative))
+                family.add_metric([sink], buckets, histogram.sum_seconds)
+        yield family
+
+
+def _bound_label(bound: float) -> str:
+    # Prometheus's client libraries print bucket bounds as floats ("1.0"), so queries across metrics agree.
+    return repr(float(bound))
 
 
 class MetricsExporter:
@@ -183,6 +224,9 @@ class MetricsExporter:
             m.output_records.labels(sink).inc(records)
         for seconds in event.get("commit_seconds") or []:
             m.sink_commit.labels(sink).observe(seconds)
+        latency = LatencyHistogram.from_event(event.get("visible_latency"))
+        if latency is not None:
+            m.visible_latency.add(sink, latency)
 
     def _apply_progress(self, progress: dict[str, Any]) -> None:
         m = self.metrics

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
@@ -21,10 +22,12 @@ from support.postgres import free_port
 from support.spark import create_topic, produce, unique, wait_for
 
 BAD = ["{broken json", "{also broken"]
+STAMPED_AGO_S = 1200
 
 
 def scrape(port: int) -> Counter:
-    """name -> the sum of its samples over all labels (empty when nothing answers yet)."""
+    """name -> the sum of its samples over all labels but a histogram's `le` (empty when nothing answers yet);
+    a histogram's buckets as name:le."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
@@ -33,8 +36,17 @@ def scrape(port: int) -> Counter:
     totals: Counter = Counter()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            totals[sample.name] += sample.value
+            name = f"{sample.name}:{sample.labels['le']}" if "le" in sample.labels else sample.name
+            totals[name] += sample.value
     return totals
+
+
+def produce_stamped(bootstrap: str, topic: str, values: list[str], timestamp_ms: int) -> None:
+    """Records whose Kafka timestamp (CreateTime) is `timestamp_ms`, as a producer that stamped them then would."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(topic, value=value.encode(), timestamp=timestamp_ms)
+    assert producer.flush(30) == 0
 
 
 def people(first: int, count: int) -> list[str]:
@@ -46,7 +58,8 @@ def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), 3)
     sink, dead = create_topic(bootstrap, unique("out")), create_topic(bootstrap, unique("dlq"))
-    produce(bootstrap, source, people(0, 300) + BAD)
+    # Stamped 20 minutes ago: the sink's produce-to-visible latency must count from the records' timestamps.
+    produce_stamped(bootstrap, source, people(0, 300) + BAD, int((time.time() - STAMPED_AGO_S) * 1000))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump({
         "name": "metrics-probe",
@@ -93,6 +106,13 @@ def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_
     assert metrics["sparkeos_batch_duration_seconds_count"] == metrics["sparkeos_batches_total"] > 1
     assert max(lags) > 0
     assert metrics["sparkeos_restarts_total"] == 0
+    # One latency per record delivered, dead letters too: those stamped 20 minutes ago between 900 s and an hour,
+    # those produced while the job ran under 900 s.
+    latency = "sparkeos_sink_visible_latency_seconds"
+    assert metrics[f"{latency}_count"] == 3302
+    assert metrics[f"{latency}_bucket:900.0"] == 3000
+    assert metrics[f"{latency}_bucket:3600.0"] == 3302
+    assert 302 * STAMPED_AGO_S <= metrics[f"{latency}_sum"] <= 302 * (STAMPED_AGO_S + 400) + 3000 * 400
     # Not on a terminal: plain lines with the same figures, the last one once the job stopped.
     assert "3,302 records in" in output and "3,300 delivered" in output and "2 dead-lettered" in output, output[-3000:]
     assert time.time() - metrics["sparkeos_last_batch_timestamp_seconds"] < 120

@@ -151,8 +151,11 @@ def kafka_rows(frame: DataFrame, spec: JobSpec) -> DataFrame:
         key = F.lit(None).cast("string")
     topic = spec.sink.options["topic"]
     empty = F.array().cast("array<struct<key:string,value:binary>>")
+    # The input record's Kafka timestamp, which the sink does not write: it measures the produce-to-visible latency
+    # from it (sparkeos.spark.visible_latency). A transform that dropped `kafka` leaves none to measure from.
+    stamp = F.col("kafka.timestamp") if "kafka" in frame.columns else F.lit(None).cast("timestamp")
     return frame.select(key.cast("binary").alias("key"), value.cast("string").cast("binary").alias("value"),
-                        F.lit(topic).alias("topic"), empty.alias("headers"))
+                        F.lit(topic).alias("topic"), empty.alias("headers"), stamp.alias("timestamp"))
 
 
 def dead_letter_rows(bad: DataFrame, spec: JobSpec) -> DataFrame:
@@ -168,4 +171,5 @@ def dead_letter_rows(bad: DataFrame, spec: JobSpec) -> DataFrame:
         header("sparkeos.source.offset", F.col("kafka.offset")),
     )
     return bad.select(F.col("kafka.key").alias("key"), F.col("kafka.value").alias("value"),
-                      F.lit(spec.bad_records.topic).alias("topic"), headers.alias("headers"))
+                      F.lit(spec.bad_records.topic).alias("topic"), headers.alias("headers"),
+                      F.col("kafka.timestamp").alias("timestamp"))

@@ -14,7 +14,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .visible_latency import LatencyHistogram
 
 METRICS_DIR_ENV = "SPARKEOS_METRICS_DIR"
 
@@ -48,13 +51,15 @@ def emit(kind: str, event: dict[str, Any]) -> None:
 
 def sink_batch(sink: str, query: str | None, batch: int, outcome: str, *, committed: int = 0, skipped: int = 0,
                aborted: int = 0, records_by_topic: dict[str, int] | None = None, records: int = 0,
-               commit_seconds: list[float] | None = None) -> None:
+               commit_seconds: list[float] | None = None, visible_latency: LatencyHistogram | None = None) -> None:
     """A sink's report of one batch. `outcome`: "committed" or "aborted" (Spark aborted the batch). `committed`,
     `skipped` and `aborted` count transactions: committed by this batch, skipped because a replayed batch had
     committed before, aborted by the sink on the driver. `records` (or, for a Kafka sink, `records_by_topic`)
-    counts the records the batch made visible; `commit_seconds` the time each commit took."""
+    counts the records the batch made visible; `commit_seconds` the time each commit took; `visible_latency` the
+    produce-to-visible latencies of its records that had a timestamp (`sparkeos.spark.visible_latency`)."""
     emit(SINK_BATCH, {
         "sink": sink, "query": query, "batch": batch, "outcome": outcome, "committed": committed,
         "skipped": skipped, "aborted": aborted, "records": records, "records_by_topic": records_by_topic or {},
         "commit_seconds": commit_seconds or [],
+        **({"visible_latency": visible_latency.to_event()} if visible_latency is not None else {}),
     })

@@ -61,6 +61,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from . import failpoints, metric_events
 from .gc_pause import cyclic_gc_paused
 from .reports import log, report, report_level
+from .visible_latency import LatencyHistogram, TimestampTally
 
 RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
 
@@ -190,13 +191,15 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
 
 
 class PreCommitted(WriterCommitMessage):
-    """A task's commit message: its handle, or none when it had no rows."""
+    """A task's commit message: its handle, or none when it had no rows, and its rows' timestamps."""
 
-    def __init__(self, query: str, batch: int, partition: int, handle: Handle | None):
+    def __init__(self, query: str, batch: int, partition: int, handle: Handle | None,
+                 timestamps: TimestampTally | None = None):
         self.query = query
         self.batch = batch
         self.partition = partition
         self.handle = handle
+        self.timestamps = timestamps
 
 
 def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAttempt:
@@ -216,6 +219,7 @@ def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAtte
 def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
     """Steps 1-3 for one task attempt."""
     transaction = None
+    timestamps = TimestampTally()
     try:
         for rows in batches:
             if rows.num_rows == 0:
@@ -225,6 +229,7 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
                 transaction = sink.begin_transaction(task)
             # 2. invoke
             sink.invoke(transaction, rows)
+            timestamps.add(rows)
         if transaction is None:
             return PreCommitted(task.query, task.batch, task.partition, None)
         # 3. pre-commit
@@ -237,7 +242,7 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
                 log.exception("aborting the transaction of task %s failed", task.handle_id)
         raise
     failpoints.fire("2pc.task_pre_committed")
-    return PreCommitted(task.query, task.batch, task.partition, handle)
+    return PreCommitted(task.query, task.batch, task.partition, handle, timestamps if timestamps.counts else None)
 
 
 def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> Decision:
@@ -303,14 +308,22 @@ def _summary(sink: TwoPhaseCommitSink, decision: Decision, handles: list[Handle]
     return text
 
 
-def _emit_commit(sink: TwoPhaseCommitSink, query: str, batch: int, decision: Decision, handles: list[Handle],
+def _emit_commit(sink: TwoPhaseCommitSink, query: str, batch: int, decision: Decision, messages: list,
                  seconds: float) -> None:
-    """The batch's event for the metrics exporter. A batch decided before (a replay) made nothing visible now:
-    its own transactions were aborted, and count as skipped."""
+    """The batch's event for the metrics exporter, right after the decision's commit made its records visible. A
+    batch decided before (a replay) made nothing visible now: its own transactions were aborted, and count as
+    skipped."""
+    visible_at = time.time()
+    handles = _handles(messages)
     decided_now = not decision.handles or not {h.id for h in handles}.isdisjoint(h.id for h in decision.handles)
     if decided_now:
+        latency = LatencyHistogram()
+        for message in messages:
+            if isinstance(message, PreCommitted) and message.timestamps is not None:
+                latency.add(message.timestamps.latencies(visible_at))
         metric_events.sink_batch(sink.format_name, query, batch, "committed", committed=len(decision.handles),
-                                 records=sum(h.records for h in decision.handles), commit_seconds=[seconds])
+                                 records=sum(h.records for h in decision.handles), commit_seconds=[seconds],
+                                 visible_latency=latency if latency.records else None)
     else:
         metric_events.sink_batch(sink.format_name, query, batch, "committed", skipped=len(handles),
                                  commit_seconds=[seconds])
@@ -335,7 +348,7 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
         started = time.monotonic()
         decision = commit_batch(self.sink, query, batchId, handles)
         report(logging.INFO, _summary(self.sink, decision, handles))
-        _emit_commit(self.sink, query, batchId, decision, handles, time.monotonic() - started)
+        _emit_commit(self.sink, query, batchId, decision, messages, time.monotonic() - started)
 
     def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 - Spark's signature
         query = _query_of(messages)
@@ -363,7 +376,7 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
         started = time.monotonic()
         decision = commit_batch(self.sink, self.query, 0, handles)
         report(logging.INFO, _summary(self.sink, decision, handles))
-        _emit_commit(self.sink, self.query, 0, decision, handles, time.monotonic() - started)
+        _emit_commit(self.sink, self.query, 0, decision, messages, time.monotonic() - started)
 
     def abort(self, messages: list) -> None:
         aborted = abort_batch(self.sink, self.query, 0, _handles(messages))

@@ -82,6 +82,7 @@ from pyspark import TaskContext
 
 from ... import failpoints
 from ...client_cache import ClientCache, ClientCallStuck, call_with_deadline
+from ...visible_latency import TimestampTally
 from ..cluster import WARMUP_TIMEOUT_S, connect_to_a_known_broker
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
 from .markers import MarkerReader
@@ -150,12 +151,15 @@ class _TransactionalWriter(MarkerReader):
             raise
 
     def write_and_commit(self, batch: int, query_id: str | None, batches: Iterator[pa.RecordBatch],
-                         records_by_topic: dict[str, int] | None = None) -> tuple[int, float]:
+                         records_by_topic: dict[str, int] | None = None,
+                         timestamps: TimestampTally | None = None) -> tuple[int, float]:
         """Step 3, in the open transaction: the records, then the marker record, then the commit (step 2: the
         marker commits with the records, or neither does). Returns (records, seconds the commit took); counts
-        the records by topic into `records_by_topic`."""
+        the records by topic into `records_by_topic`, and their timestamps into `timestamps`."""
         records = 0
         for arrow_batch in batches:
+            if timestamps is not None:
+                timestamps.add(arrow_batch)
             rows = Rows(arrow_batch, self.options.topic)
             rows.produce_all(self.producer)
             records += rows.count
@@ -225,8 +229,9 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             return SinkCommit(partition, batch, skipped, True, transactional_id)
         # Step 3: the records, then the marker record, then the commit.
         by_topic: dict[str, int] = {}
+        timestamps = TimestampTally()
         try:
-            records, commit_seconds = writer.write_and_commit(batch, query_id, pending, by_topic)
+            records, commit_seconds = writer.write_and_commit(batch, query_id, pending, by_topic, timestamps)
         except KafkaException as exc:
             # Step 3: any error aborts the transaction, discards the producer and fails the task. A fenced or
             # fatally failed producer has nothing to abort.
@@ -240,8 +245,10 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             writer.abort_quietly()
             _writers.forget(writer)
             raise
+        visible = timestamps.latencies(time.time())
         failpoints.fire("sink.after_commit")
-        return SinkCommit(partition, batch, records, False, transactional_id, by_topic, commit_seconds)
+        return SinkCommit(partition, batch, records, False, transactional_id, by_topic, commit_seconds,
+                          visible_latency=visible)
     finally:
         put_back(writer)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pyspark.sql.datasource import WriterCommitMessage
 
 from ... import metric_events
+from ...visible_latency import LatencyHistogram
 
 
 @dataclass
@@ -24,6 +25,7 @@ class SinkCommit(WriterCommitMessage):
     records_by_topic: dict[str, int] = field(default_factory=dict)
     commit_seconds: float | None = None  # how long the task's commit took (exactly_once)
     query_id: str | None = None
+    visible_latency: LatencyHistogram | None = None  # of records with a timestamp column, at the task's commit
 
 
 def report_commit(messages: list, batch: int, guarantee: str) -> str:
@@ -40,15 +42,18 @@ def emit_commit(messages: list, query: str | None, batch: int) -> None:
     """The batch's event for the metrics exporter."""
     done = [m for m in messages if isinstance(m, SinkCommit)]
     by_topic: dict[str, int] = {}
+    latency = LatencyHistogram()
     for message in done:
         if not message.skipped:
             for topic, count in message.records_by_topic.items():
                 by_topic[topic] = by_topic.get(topic, 0) + count
+            latency.add(message.visible_latency)
     metric_events.sink_batch(
         "sparkeos.kafka", query, batch, "committed",
         committed=sum(1 for m in done if not m.skipped and m.commit_seconds is not None),
         skipped=sum(1 for m in done if m.skipped), records=sum(m.records for m in done if not m.skipped),
-        records_by_topic=by_topic, commit_seconds=[m.commit_seconds for m in done if m.commit_seconds is not None])
+        records_by_topic=by_topic, commit_seconds=[m.commit_seconds for m in done if m.commit_seconds is not None],
+        visible_latency=latency if latency.records else None)
 
 
 def emit_abort(query: str | None, batch: int) -> None:

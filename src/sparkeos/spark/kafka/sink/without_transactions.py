@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from pyspark import TaskContext
 
 from ...client_cache import ClientCache
+from ...visible_latency import TimestampTally
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
 from .reports import SinkCommit
 from .rows import Rows
@@ -38,7 +40,9 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
     key = json.dumps(options.producer_config(), sort_keys=True)
     with _plain_producers.lease(key, lambda: Producer(options.producer_config())) as producer:
         try:
-            records, errors, remaining, by_topic = _produce_and_flush(producer, options, batches)
+            timestamps = TimestampTally()
+            records, errors, remaining, by_topic = _produce_and_flush(producer, options, batches, timestamps)
+            flushed_at = time.time()
         except BaseException:
             _plain_producers.forget(producer)
             raise
@@ -53,12 +57,16 @@ def write_without_transactions(options: SinkOptions, batch: int, batches: Iterat
             raise KafkaException(errors[0])
     elif errors or remaining:
         log.warning("deliveryGuarantee=none: %d records failed, %d unacknowledged", len(errors), remaining)
-    return SinkCommit(partition, batch, records, False, None, by_topic)
+    # Without transactions a record is visible once acknowledged, by the end of the flush at the latest.
+    return SinkCommit(partition, batch, records, False, None, by_topic,
+                      visible_latency=timestamps.latencies(flushed_at))
 
 
 def _produce_and_flush(producer: Producer, options: SinkOptions,
-                       batches: Iterator[pa.RecordBatch]) -> tuple[int, list[KafkaError], int, dict[str, int]]:
-    """(records handed over, delivery errors, records still unacknowledged after the flush, records by topic)."""
+                       batches: Iterator[pa.RecordBatch], timestamps: TimestampTally
+                       ) -> tuple[int, list[KafkaError], int, dict[str, int]]:
+    """(records handed over, delivery errors, records still unacknowledged after the flush, records by topic);
+    tallies the records' timestamps into `timestamps`."""
     errors: list[KafkaError] = []
 
     def on_delivery(error, _message) -> None:
@@ -68,6 +76,7 @@ def _produce_and_flush(producer: Producer, options: SinkOptions,
     records = 0
     by_topic: dict[str, int] = {}
     for arrow_batch in batches:
+        timestamps.add(arrow_batch)
         rows = Rows(arrow_batch, options.topic)
         rows.produce_all(producer, on_delivery)
         records += rows.count

@@ -1,0 +1,118 @@
+"""Produce-to-visible latency as the sinks see it: for each record written with a ``timestamp`` column (Spark's
+Kafka source names a record's Kafka timestamp so), the seconds from that timestamp to the moment the commit that
+made the record visible returned.
+
+A sink's tasks tally their records' timestamps (`TimestampTally`). Whoever commits turns the tally into histogram
+counts at the moment its commit returned (`TimestampTally.latencies`): the Kafka sink's task after its
+transaction's commit (or, without transactions, after its flush), a two-phase-commit sink's driver after the
+batch's decision is committed. The counts travel in the sink's metrics event, and the exporter adds them into
+``sparkeos_sink_visible_latency_seconds``.
+
+A record's timestamp comes from the clock of whoever stamped it (the producer, or the broker with
+``LogAppendTime``), and the commit's moment from the committing host's clock: skew between them shifts the
+figures, and a latency below zero counts as zero. A replayed batch's records became visible in the run that
+committed them, so a replay reports none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+TIMESTAMP_COLUMN = "timestamp"
+BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900, 3600)
+MAX_KEYS = 4096  # distinct timestamp slots a tally keeps before it coarsens them; bounds a commit message's size
+_MS_PER_UNIT = {"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
+
+
+@dataclass
+class LatencyHistogram:
+    """Counts of records per latency bucket (`BUCKETS`, then +Inf; not cumulative) and their latencies' sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    sum_seconds: float = 0.0
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts)
+
+    def add(self, other: LatencyHistogram | None) -> LatencyHistogram:
+        if other is not None:
+            self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+            self.sum_seconds += other.sum_seconds
+        return self
+
+    def to_event(self) -> dict:
+        return {"counts": self.counts, "sum": self.sum_seconds}
+
+    @classmethod
+    def from_event(cls, event: dict | None) -> LatencyHistogram | None:
+        """The histogram of a metrics event, or None if it has none or not of these buckets."""
+        if not isinstance(event, dict):
+            return None
+        counts, total = event.get("counts"), event.get("sum")
+        if not isinstance(counts, list) or len(counts) != len(BUCKETS) + 1 or not isinstance(total, int | float):
+            return None
+        return cls([int(c) for c in counts], float(total))
+
+
+class TimestampTally:
+    """How many records carry each timestamp, to the millisecond while there are at most `MAX_KEYS` distinct
+    ones, coarser after that; small enough to travel in a task's commit message."""
+
+    def __init__(self) -> None:
+        self.resolution_ms = 1
+        self.counts: dict[int, int] = {}
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Tally the rows of `batch` by their ``timestamp`` column; a batch without one (or with another type
+        under that name) adds nothing, and neither do null timestamps."""
+        index = _timestamp_column(batch.schema)
+        if index is None:
+            return
+        column = batch.column(index)
+        if column.null_count:
+            column = column.drop_null()
+        if len(column) == 0:
+            return
+        raw = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        millis = np.floor(raw * _MS_PER_UNIT[column.type.unit]).astype(np.int64)
+        slots, counts = np.unique(millis // self.resolution_ms, return_counts=True)
+        for slot, count in zip(slots.tolist(), counts.tolist(), strict=True):
+            self.counts[slot] = self.counts.get(slot, 0) + count
+        while len(self.counts) > MAX_KEYS:
+            self._coarsen()
+
+    def _coarsen(self) -> None:
+        coarser: dict[int, int] = {}
+        for slot, count in self.counts.items():
+            key = slot // 10
+            coarser[key] = coarser.get(key, 0) + count
+        self.counts = coarser
+        self.resolution_ms *= 10
+
+    def latencies(self, visible_at: float) -> LatencyHistogram | None:
+        """The histogram of this tally's records made visible at `visible_at` (Unix seconds); None if it holds
+        no record."""
+        if not self.counts:
+            return None
+        slots = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
+        counts = np.fromiter(self.counts.values(), dtype=np.int64, count=len(self.counts))
+        stamped = (slots * self.resolution_ms + (self.resolution_ms - 1) / 2) / 1000
+        seconds = np.maximum(visible_at - stamped, 0.0)
+        buckets = np.searchsorted(np.asarray(BUCKETS), seconds, side="left")
+        per_bucket = np.bincount(buckets, weights=counts, minlength=len(BUCKETS) + 1)
+        return LatencyHistogram([int(c) for c in per_bucket], float((seconds * counts).sum()))
+
+
+def _timestamp_column(schema: pa.Schema) -> int | None:
+    for index, name in enumerate(schema.names):
+        if name.lower() == TIMESTAMP_COLUMN:
+            return index if pa.types.is_timestamp(schema.field(index).type) else None
+    return None
