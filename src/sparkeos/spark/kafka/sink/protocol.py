@@ -33,10 +33,11 @@ Protocol
    replaced at once. Otherwise each transaction starts with the marker offset
    (``send_offsets_to_transaction``), a synchronous round trip: if it fails, or does not return within its
    bound (``BEGIN_TIMEOUT_S``), the producer is replaced (``init_transactions``) and the marker read again,
-   before any record is produced. Steps 3 and 4 up to here run while the task reads its input ahead. A
-   producer fenced after that point cannot commit; its commit fails the task. A cached producer that no task
-   used for ``spark.kafka.producer.cache.timeout`` is closed between transactions
-   (``sparkeos.spark.client_cache``); the next task of T starts again at step 3.
+   before any record is produced. Steps 3 and 4 up to here run while the task waits for its first input and
+   reads ahead; the transaction begins once the input has a row. A producer fenced after that point cannot
+   commit; its commit fails the task. A cached producer that no task used for
+   ``spark.kafka.producer.cache.timeout`` is closed between transactions (``sparkeos.spark.client_cache``);
+   the next task of T starts again at step 3.
 5. The driver's ``commit(B)`` runs after every task committed; it only reports. Records are never
    written outside a transaction in exactly_once mode.
 
@@ -201,10 +202,6 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     """Steps 3 and 4 of the protocol for one task. `one_write_id`: the id of a batch write, used by this write
     only; its marker is the group offset alone, and its producer is closed afterwards."""
     partition = TaskContext.get().partitionId()
-    first, rest = _peek(batches)
-    if first is None:
-        # Empty tasks write no transaction at all.
-        return SinkCommit(partition, batch, 0, False, transactional_id)
     key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
     scan_records = not one_write_id
 
@@ -216,10 +213,14 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
         if one_write_id:
             _writers.forget(writer)
 
-    # Steps 3 and 4: the worker's producer for T, T's marker and the transaction's start, while the task reads ahead.
-    writer, committed, began, buffered = _set_up_while_reading_ahead(
-        key, create, put_back, batch, query_id, scan_records, first, rest)
-    pending = itertools.chain(buffered, rest)
+    # Steps 3 and 4: the worker's producer for T, T's marker and the transaction's start, while the task waits for
+    # its first input and then reads ahead.
+    set_up = _set_up_while_reading_ahead(key, create, put_back, batch, query_id, scan_records, batches)
+    if set_up is None:
+        # Empty tasks write no transaction at all.
+        return SinkCommit(partition, batch, 0, False, transactional_id)
+    writer, committed, began, buffered = set_up
+    pending = itertools.chain(buffered, batches)
     try:
         # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume, write nothing.
         if began is None:
@@ -255,11 +256,16 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
 
 def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalWriter],
                                 put_back: Callable[[_TransactionalWriter], None], batch: int, query_id: str | None,
-                                scan_records: bool, first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]
-                                ) -> tuple[_TransactionalWriter, int | None, float | None, list[pa.RecordBatch]]:
-    """Step 3's producer and marker, and step 4's start of the transaction, in a thread while the task reads ahead;
-    then (writer, last committed batch, when the transaction began or None if (B, p) is already committed, the
-    batches read meanwhile). No record is produced before the transaction began."""
+                                scan_records: bool, batches: Iterator[pa.RecordBatch]
+                                ) -> tuple[_TransactionalWriter, int | None, float | None, list[pa.RecordBatch]] | None:
+    """Step 3's producer and marker, and step 4's start of the transaction, in a thread; then (writer, last committed
+    batch, when the transaction began or None if (B, p) is already committed, the batches read meanwhile), or None
+    for a task without input. The producer and the marker are set up while the task waits for its first input
+    (upstream work, and the source's reader, run in the same task); the transaction begins only once the input
+    has a row, so that an empty task begins none; the task reads ahead meanwhile. No record is produced before
+    the transaction began."""
+    has_rows = threading.Event()
+    decided = threading.Event()  # has_rows is final
 
     def writer_marker_and_transaction() -> tuple[_TransactionalWriter, int | None, float | None]:
         # Step 3: the worker's producer for T (a new one runs init_transactions), then T's marker.
@@ -274,9 +280,10 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
                 _writers.forget(writer)
                 writer = _writers.acquire(key, create)
                 committed = writer.last_committed_batch(query_id, scan_records=scan_records)
+            decided.wait()
             for attempt in range(2):
                 # Step 3: if the marker of this query is >= B, (B, p) is already committed.
-                if committed is not None and committed >= batch:
+                if not has_rows.is_set() or (committed is not None and committed >= batch):
                     return writer, committed, None
                 # Step 4: the transaction starts with the marker offset, before any record is produced.
                 try:
@@ -316,20 +323,29 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
     # A daemon thread: a set-up stuck on an unreachable cluster must not hold up the worker's exit.
     threading.Thread(target=set_up, name="sparkeos-sink-setup", daemon=True).start()
     try:
-        buffered = _read_ahead(first, rest, setting_up, READ_AHEAD_BYTES)
+        first = _first_with_rows(batches)
+        if first is not None:
+            has_rows.set()
+        decided.set()
+        if first is None:
+            # Nothing to write: the writer goes back to the cache unused once its set-up ends.
+            setting_up.add_done_callback(put_back_unused)
+            return None
+        buffered = _read_ahead(first, batches, setting_up, READ_AHEAD_BYTES)
     except BaseException:
         # The input failed: the task fails now, not after the set-up, whose writer goes back to the cache unused.
+        decided.set()
         setting_up.add_done_callback(put_back_unused)
         raise
     writer, committed, began = setting_up.result()
     return writer, committed, began, buffered
 
 
-def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[pa.RecordBatch | None, Iterator[pa.RecordBatch]]:
+def _first_with_rows(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None:
     for batch in batches:
         if batch.num_rows:
-            return batch, batches
-    return None, batches
+            return batch
+    return None
 
 
 def _drain(batches: Iterator[pa.RecordBatch]) -> int:

@@ -25,6 +25,9 @@ from .schema import ARROW_HEADERS, arrow_schema
 log = logging.getLogger("sparkeos.source")
 
 ROWS_PER_ARROW_BATCH = 8192
+# A task's first batch goes out small: the work downstream in the same task (a sink's writing, and its transaction's
+# first call, which waits for the first row) starts while the rest is read.
+FIRST_ROWS_PER_ARROW_BATCH = 1024
 CONSUME_POLL_S = 0.02
 TOPIC_LOOKUP_TIMEOUT_S = 5.0  # counts towards kafkaConsumer.pollTimeoutMs, after which a read fails
 # One consumer per Python worker and configuration: connections survive from task to task.
@@ -115,11 +118,12 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
     last_offset = task.end - 1
     try:
         done = False
+        batch_rows = FIRST_ROWS_PER_ARROW_BATCH
         while not done:
             # consume() waits for num_messages or the timeout. Asking for no more than the range can still
             # hold usually returns at once, but control records take offsets and never arrive: a range ending
             # at the end of a transactional partition comes up short, so each wait is kept short.
-            wanted = max(min(task.end - next_offset, ROWS_PER_ARROW_BATCH), 1)
+            wanted = max(min(task.end - next_offset, batch_rows), 1)
             messages = consumer.consume(num_messages=wanted, timeout=min(timeout_s, CONSUME_POLL_S))
             if not messages:
                 if time.monotonic() - idle_since > timeout_s:
@@ -147,8 +151,9 @@ def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange)
                     next_offset = resumed
                     continue
                 next_offset = max(next_offset, message.offset() + 1)
-            if len(builder) >= ROWS_PER_ARROW_BATCH:
+            if len(builder) >= batch_rows:
                 yield builder.build()
+                batch_rows = ROWS_PER_ARROW_BATCH
         if len(builder):
             yield builder.build()
     finally:
