@@ -251,6 +251,23 @@ def test_a_transactional_id_prefix_reused_with_a_new_checkpoint_writes_every_bat
     assert_exactly_once(expected, read_values(bootstrap, sink))
 
 
+def test_a_task_whose_rows_the_query_drops_commits_no_transaction(spark, broker, tmp_path):
+    """Empty tasks commit no transaction, though their producer is set up before their input is known: the tasks
+    of input partition 1, whose rows the query filters out, leave no marker; partition 0's commit each batch."""
+    bootstrap = broker.bootstrap_servers
+    source, sink = create_topic(bootstrap, unique("in"), 2), create_topic(bootstrap, unique("out"))
+    prefix = unique("empty")
+    produce(bootstrap, source, [f"kept{i}" for i in range(200)], partition=0)
+    produce(bootstrap, source, [f"dropped{i}" for i in range(200)], partition=1)
+    frame = stream_of(spark, bootstrap, source, maxOffsetsPerTrigger="200").where("partition = 0").select("value")
+    run_to_end(frame, bootstrap, str(tmp_path / "checkpoint"), topic=sink, transactionalIdPrefix=prefix)
+    assert_exactly_once(Counter(f"kept{i}".encode() for i in range(200)), read_values(bootstrap, sink))
+    markers = [json.loads(value) for _p, _o, _k, value, _h in read_records(bootstrap, DEFAULT_MARKER_TOPIC)]
+    ours = Counter(m["transactional_id"] for m in markers if m["transactional_id"].startswith(prefix))
+    # Two batches of 100 records from each input partition: one id committed both, the other none.
+    assert sorted(ours.values()) == [2] and len(ours) == 1, ours
+
+
 def kafka_client_threads_of_python_workers() -> dict[int, int]:
     """librdkafka threads (named rdk:*) of each executor Python worker (pyspark.worker) under this process."""
     result = {}
