@@ -10,8 +10,8 @@ commit) count twice. The switch takes off what Spark's defaults add for no benef
   atomic rename, starting fewer. Renames are atomic on local disks and HDFS; on object stores neither manager
   makes a checkpoint safe, and the switch changes nothing there.
 - `spark.sql.execution.arrow.maxRecordsPerBatch`: Spark hands a sink task its input in Arrow batches of this
-  many rows (default 10,000). A sink task sets up its producer or connection once its first batch arrived, while
-  it reads the rest; with smaller batches the first arrives sooner, and the set-up overlaps more of the reading.
+  many rows (default 10,000). A sink task starts writing (the Kafka sink begins its transaction) once its first
+  batch arrived, while it reads the rest; with smaller batches the first arrives sooner.
 
 Exactly-once rests on what the switch leaves alone: the offset log is written before a batch's tasks run and the
 commit log after, both by atomic rename, and the sinks' protocols are the same. Settings given explicitly win
