@@ -36,6 +36,12 @@ The variants, all local[2] or parallelism 2, each reading with read_committed an
   (e) the same with checkpoints every 1 s
   (f) (a) with the low-latency switch (sparkeos.spark.low_latency's settings, set on the shared session)
   (g) (f) with a 0 s trigger: each batch starts as soon as the last one ended
+  (h) Spark's floor at a 250 ms trigger: (f)'s source, trigger and settings, and a sink that writes nothing and
+      notes the wall time at which each Arrow batch of records reaches its task (see arrival_sink). No sink can
+      make a record visible before it reaches the sink's task: this is the least latency any sink of a Spark
+      micro-batch query could have, with what Spark and the source cost before the first row is written.
+      Latency = arrival - sent; there is no outside reader, and "arrived" means every record arrived once.
+  (i) (h) with a 0 s trigger
 
 Spark's session is started once and shared by (a)-(c), after one untimed rehearsal of (a) (see rehearse_spark); for
 (a)-(c) the run also prints Spark's own per-batch figures (query.recentProgress durationMs, batches that started
@@ -100,6 +106,8 @@ VARIANTS = {
     "e": "(e) flink EXACTLY_ONCE, 1 s",
     "f": "(f) sparkeos exactly_once, 250 ms, low_latency",
     "g": "(g) sparkeos exactly_once, 0 s, low_latency",
+    "h": "(h) arrival at a sink, 250 ms, low_latency",
+    "i": "(i) arrival at a sink, 0 s, low_latency",
 }
 # guarantee, trigger, whether the low-latency switch (sparkeos.spark.low_latency) is on
 SPARK_VARIANTS = {
@@ -108,7 +116,11 @@ SPARK_VARIANTS = {
     "c": ("at_least_once", "250 milliseconds", False),
     "f": ("exactly_once", "250 milliseconds", True),
     "g": ("exactly_once", "0 seconds", True),
+    "h": ("none", "250 milliseconds", True),
+    "i": ("none", "0 seconds", True),
 }
+# The variants whose sink only notes when records reach it (arrival_sink).
+ARRIVAL_VARIANTS = {"h", "i"}
 FLINK_CHECKPOINT_MS = {"d": 250, "e": 1000}
 SPARK_PHASES = ("triggerExecution", "addBatch", "walCommit", "commitOffsets", "latestOffset", "queryPlanning",
                 "getBatch")
@@ -506,9 +518,77 @@ def spark_session_for_benchmark():
     return pipeline_session("sparkeos-latency-benchmark", {"spark.sql.streaming.numRecentProgressUpdates": "5000"})
 
 
+ARRIVAL_SINK = "latency-arrival"
+ARRIVAL_FILE = struct.Struct("<qd")  # sequence number, seconds from its send to its batch's arrival
+
+
+def register_arrival_sink(spark) -> None:
+    """Registers ARRIVAL_SINK, a Python data source sink that writes nothing: each task notes, for every record, the
+    time from its send (the stamp in its value) to the moment the Arrow batch holding it reached the task, and
+    appends (sequence number, latency) pairs to a file of its own in the option `path`."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+
+    stamp_format, record_format = STAMP.format, ARRIVAL_FILE.format  # Struct objects do not pickle
+
+    class ArrivalWriter(DataSourceStreamArrowWriter):
+        def __init__(self, directory: str) -> None:
+            self.directory = directory
+
+        def write(self, iterator):
+            stamp, record = struct.Struct(stamp_format), struct.Struct(record_format)
+            pairs = bytearray()
+            for batch in iterator:
+                arrived = time.time()  # first: converting the values below must not count
+                for value in batch.column("value").to_pylist():
+                    sequence, sent = stamp.unpack_from(value)
+                    pairs += record.pack(sequence, arrived - sent)
+            if pairs:
+                with open(Path(self.directory) / f"{uuid.uuid4().hex}.bin", "wb") as out:
+                    out.write(pairs)
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId) -> None:
+            pass
+
+        def abort(self, messages, batchId) -> None:
+            pass
+
+    class ArrivalSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return ARRIVAL_SINK
+
+        def streamWriter(self, schema, overwrite: bool):
+            return ArrivalWriter(self.options["path"])
+
+    spark.dataSource.register(ArrivalSink)
+
+
+def arrival_figures(directory: Path, records: int, warmup: int) -> dict[str, Any]:
+    """Latency percentiles of the steady records' arrivals, and whether every record arrived exactly once."""
+    seen = bytearray(records)
+    latencies, unexpected = [], 0
+    for path in directory.glob("*.bin"):
+        for sequence, latency in ARRIVAL_FILE.iter_unpack(path.read_bytes()):
+            if not 0 <= sequence < records:
+                unexpected += 1
+                continue
+            seen[sequence] = min(seen[sequence] + 1, 255)
+            if sequence >= warmup:
+                latencies.append(latency * 1000)
+    latencies.sort()
+    figures: dict[str, Any] = {
+        "seen": sum(1 for c in seen if c), "duplicates": sum(c - 1 for c in seen if c > 1), "unexpected": unexpected,
+    }
+    if latencies:
+        figures.update(p50_ms=percentile(latencies, 50), p99_ms=percentile(latencies, 99), max_ms=latencies[-1])
+    return figures
+
+
 class SparkPipeline:
-    def __init__(self, spark, guarantee: str, trigger: str, low_latency: bool) -> None:
+    def __init__(self, spark, guarantee: str, trigger: str, low_latency: bool, arrival: bool = False) -> None:
         self.spark, self.guarantee, self.trigger, self.low_latency = spark, guarantee, trigger, low_latency
+        self.arrival = arrival
         self.query = None
         self.saved_settings: dict[str, str | None] = {}
 
@@ -529,12 +609,15 @@ class SparkPipeline:
             .load()
             .select("key", "value", "timestamp")  # the sink measures its own view of the latency from it
         )
+        if self.arrival:
+            self.arrivals = workdir / f"arrivals-{sink}"
+            self.arrivals.mkdir()
+            writer = frame.writeStream.format(ARRIVAL_SINK).option("path", str(self.arrivals))
+        else:
+            writer = (frame.writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+                      .option("topic", sink).option("deliveryGuarantee", self.guarantee))
         self.query = (
-            frame.writeStream.format("sparkeos.kafka")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", sink)
-            .option("deliveryGuarantee", self.guarantee)
-            .option("checkpointLocation", str(workdir / f"checkpoint-{sink}"))
+            writer.option("checkpointLocation", str(workdir / f"checkpoint-{sink}"))
             .trigger(processingTime=self.trigger)
             .start()
         )
@@ -545,6 +628,9 @@ class SparkPipeline:
         if not self.query.isActive:
             raise RuntimeError(f"the query stopped at its start: {self.query.exception()}")
         return {"start_s": time.monotonic() - started}
+
+    def rows_read(self) -> int:
+        return sum(int(p.get("numInputRows") or 0) for p in self.query.recentProgress)
 
     def stop(self) -> dict[str, Any]:
         progress = list(self.query.recentProgress)
@@ -666,13 +752,16 @@ def run_one(row: Row, args: argparse.Namespace, bootstrap: str, workdir: Path, s
     children: list[Child] = []
     pipeline = None
     flink: Child | None = None
+    arrival = row.variant in ARRIVAL_VARIANTS
     try:
-        reader = Child(f"{row.name} reader", sys.executable, "consumer",
-                       {"bootstrap": bootstrap, "topic": sink, "capacity": records}, workdir / f"reader-{tag}.log")
-        children.append(reader)
-        reader.expect("ready", 60)
+        reader = None
+        if not arrival:
+            reader = Child(f"{row.name} reader", sys.executable, "consumer",
+                           {"bootstrap": bootstrap, "topic": sink, "capacity": records}, workdir / f"reader-{tag}.log")
+            children.append(reader)
+            reader.expect("ready", 60)
         if row.variant in SPARK_VARIANTS:
-            pipeline = SparkPipeline(spark, *SPARK_VARIANTS[row.variant])
+            pipeline = SparkPipeline(spark, *SPARK_VARIANTS[row.variant], arrival=arrival)
             row.pipeline = pipeline.start(bootstrap, source, sink, workdir, args.start_timeout)
         else:
             flink = Child(f"{row.name} job", args.flink_python, "flink", {
@@ -703,6 +792,23 @@ def run_one(row: Row, args: argparse.Namespace, bootstrap: str, workdir: Path, s
         if produced["undelivered"] or produced["failures"]:
             raise RuntimeError(f"the input was not all delivered: {produced['undelivered']} left, "
                                f"{produced['failures']}")
+        if arrival:
+            waited = time.monotonic()
+            while pipeline.rows_read() < records and time.monotonic() - waited < args.drain_timeout:
+                time.sleep(0.1)
+            stopped = pipeline.stop()
+            arrivals = pipeline.arrivals
+            pipeline = None
+            row.spark_batches = batch_figures(stopped["progress"], produced["steady_first_wall"])
+            row.consumer = arrival_figures(arrivals, records, warmup)
+            row.p50_ms, row.p99_ms, row.max_ms = (row.consumer.get(k) for k in ("p50_ms", "p99_ms", "max_ms"))
+            c = row.consumer
+            exact = c["seen"] == records and not c["duplicates"] and not c["unexpected"]
+            row.status = "arrived" if exact else "INVALID"
+            if not exact:
+                row.error = (f"{c['seen']:,} of {records:,} records arrived, {c['duplicates']:,} twice or more, "
+                             f"{c['unexpected']:,} unexpected values")
+            return
         reader.send("sent", records=records, warmup=warmup,
                     window=[produced["steady_first_wall"], produced["steady_last_wall"]])
         waited = time.monotonic()
@@ -789,7 +895,7 @@ def print_report(rows: list[Row], meta: dict[str, Any]) -> None:
     print_table(table)
     print(f"\nlatency: visible to a read_committed reader - stamped at produce(), over the {meta['seconds']:g} s of "
           f"steady input after {meta['warmup']:g} s of warm-up; records: warm-up included, each seen exactly once "
-          "for 'exact'")
+          "for 'exact'; for (h) and (i): arrival at the sink's task - stamped at produce(), each arrived once")
     batched = [r for r in rows if r.spark_batches.get("batches")]
     if batched:
         print("\nSpark per batch (batches with input that started in the steady phase), ms: p50 / p99")
@@ -955,6 +1061,7 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
             spark.sparkContext.setLogLevel("ERROR")
             session_s = time.monotonic() - t0
             meta["pyspark"] = spark.version
+            register_arrival_sink(spark)
             rehearsal_s = 0.0
             if not args.no_spark_warmup:
                 print("rehearsal of (a), not measured ...", flush=True)
