@@ -520,35 +520,56 @@ def spark_session_for_benchmark():
 
 ARRIVAL_SINK = "latency-arrival"
 ARRIVAL_FILE = struct.Struct("<qd")  # sequence number, seconds from its send to its batch's arrival
+ARRIVAL_BATCHES = "batches.jsonl"
+# The moments of a batch of the arrival sink, from its start: Spark's progress timestamp.
+ARRIVAL_MOMENTS = ("write() entered", "first input", "input read", "driver's commit()", "batch end")
 
 
 def register_arrival_sink(spark) -> None:
     """Registers ARRIVAL_SINK, a Python data source sink that writes nothing: each task notes, for every record, the
     time from its send (the stamp in its value) to the moment the Arrow batch holding it reached the task, and
-    appends (sequence number, latency) pairs to a file of its own in the option `path`."""
+    appends (sequence number, latency) pairs to a file of its own in the option `path`. The driver's commit() adds
+    a line to ARRIVAL_BATCHES there: each task's wall times of entering write(), of its first input and of its
+    input's end, and the wall time of the commit() call."""
+    from dataclasses import dataclass as message
+
     from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
     stamp_format, record_format = STAMP.format, ARRIVAL_FILE.format  # Struct objects do not pickle
+    batches_file = ARRIVAL_BATCHES
+
+    @message
+    class Moments(WriterCommitMessage):
+        entered: float
+        first_input: float | None
+        input_done: float
 
     class ArrivalWriter(DataSourceStreamArrowWriter):
         def __init__(self, directory: str) -> None:
             self.directory = directory
 
         def write(self, iterator):
+            entered, first_input = time.time(), None
             stamp, record = struct.Struct(stamp_format), struct.Struct(record_format)
             pairs = bytearray()
             for batch in iterator:
                 arrived = time.time()  # first: converting the values below must not count
+                if first_input is None and batch.num_rows:
+                    first_input = arrived
                 for value in batch.column("value").to_pylist():
                     sequence, sent = stamp.unpack_from(value)
                     pairs += record.pack(sequence, arrived - sent)
+            input_done = time.time()
             if pairs:
                 with open(Path(self.directory) / f"{uuid.uuid4().hex}.bin", "wb") as out:
                     out.write(pairs)
-            return WriterCommitMessage()
+            return Moments(entered, first_input, input_done)
 
         def commit(self, messages, batchId) -> None:
-            pass
+            line = {"batch": batchId, "commit": time.time(),
+                    "tasks": [[m.entered, m.first_input, m.input_done] for m in messages]}
+            with open(Path(self.directory) / batches_file, "a") as out:
+                out.write(json.dumps(line) + "\n")
 
         def abort(self, messages, batchId) -> None:
             pass
@@ -562,6 +583,38 @@ def register_arrival_sink(spark) -> None:
             return ArrivalWriter(self.options["path"])
 
     spark.dataSource.register(ArrivalSink)
+
+
+def arrival_moments(directory: Path, progress: list, steady_from_wall: float | None) -> dict[str, Any]:
+    """Per batch with input that started in the steady phase, ms after its start: the moments of ARRIVAL_MOMENTS
+    (for the tasks' moments, the later of the batch's tasks); median and p99 of each."""
+    lines = {}
+    batches_path = directory / ARRIVAL_BATCHES
+    if batches_path.exists():
+        for text in batches_path.read_text().splitlines():
+            line = json.loads(text)
+            lines[line["batch"]] = line
+    moments: dict[str, list[float]] = {name: [] for name in ARRIVAL_MOMENTS}
+    for p in progress:
+        line = lines.get(p["batchId"])
+        if not p.get("numInputRows") or line is None:
+            continue
+        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        if steady_from_wall is not None and start < steady_from_wall:
+            continue
+        tasks = [t for t in line["tasks"] if t[1] is not None]
+        if not tasks:
+            continue
+        for name, value in zip(ARRIVAL_MOMENTS, (max(t[0] for t in tasks), max(t[1] for t in tasks),
+                                                 max(t[2] for t in tasks), line["commit"],
+                                                 start + p["durationMs"]["triggerExecution"] / 1000), strict=True):
+            moments[name].append((value - start) * 1000)
+    figures: dict[str, Any] = {"batches": len(moments[ARRIVAL_MOMENTS[0]])}
+    for name, values in moments.items():
+        if values:
+            values.sort()
+            figures[name] = {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+    return figures
 
 
 def arrival_figures(directory: Path, records: int, warmup: int) -> dict[str, Any]:
@@ -724,6 +777,7 @@ class Row:
     pipeline: dict[str, Any] = field(default_factory=dict)
     spark_batches: dict[str, Any] = field(default_factory=dict)
     sink_view: dict[str, Any] = field(default_factory=dict)
+    arrival_moments: dict[str, Any] = field(default_factory=dict)
     wait_for_all_s: float | None = None
 
 
@@ -801,6 +855,7 @@ def run_one(row: Row, args: argparse.Namespace, bootstrap: str, workdir: Path, s
             pipeline = None
             row.spark_batches = batch_figures(stopped["progress"], produced["steady_first_wall"])
             row.consumer = arrival_figures(arrivals, records, warmup)
+            row.arrival_moments = arrival_moments(arrivals, stopped["progress"], produced["steady_first_wall"])
             row.p50_ms, row.p99_ms, row.max_ms = (row.consumer.get(k) for k in ("p50_ms", "p99_ms", "max_ms"))
             c = row.consumer
             exact = c["seen"] == records and not c["duplicates"] and not c["unexpected"]
@@ -914,6 +969,16 @@ def print_report(rows: list[Row], meta: dict[str, Any]) -> None:
         for r in viewed:
             v = r.sink_view
             lines.append((r.name, f"{r.rate:,}", f"{v['records']:,}", fmt(v["p50_ms"]), fmt(v["p99_ms"])))
+        print_table(lines)
+    timed = [r for r in rows if r.arrival_moments.get("batches")]
+    if timed:
+        print("\nThe arrival sink's batches (with input, started in the steady phase), ms after the batch's start: "
+              "p50 / p99 (tasks: the later of the batch's tasks)")
+        lines = [("variant", "msgs/s", "batches", *ARRIVAL_MOMENTS)]
+        for r in timed:
+            m = r.arrival_moments
+            lines.append((r.name, f"{r.rate:,}", str(m["batches"]),
+                          *(f"{m[k]['p50']:.0f} / {m[k]['p99']:.0f}" if k in m else "-" for k in ARRIVAL_MOMENTS)))
         print_table(lines)
     print()
     for r in rows:
