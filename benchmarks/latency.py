@@ -705,7 +705,7 @@ def sink_view(query_id: str, progress: list, steady_from_wall: float | None) -> 
     started in the steady phase: records, and p50 / p99 interpolated within their buckets as Prometheus's
     histogram_quantile does."""
     from sparkeos.spark.metric_events import metrics_dir
-    from sparkeos.spark.visible_latency import BUCKETS, LatencyHistogram
+    from sparkeos.spark.visible_latency import LatencyHistogram
 
     steady = {p["batchId"] for p in progress if steady_from_wall is None or datetime.fromisoformat(
         p["timestamp"].replace("Z", "+00:00")).timestamp() >= steady_from_wall}
@@ -717,21 +717,9 @@ def sink_view(query_id: str, progress: list, steady_from_wall: float | None) -> 
                 total.add(LatencyHistogram.from_event(event.get("visible_latency")))
     view: dict[str, Any] = {"records": total.records}
     for q in (50, 99):
-        view[f"p{q}_ms"] = histogram_quantile(q / 100, BUCKETS, total.counts) * 1000 if total.records else None
+        quantile = total.quantile(q / 100)
+        view[f"p{q}_ms"] = None if quantile is None else quantile * 1000
     return view
-
-
-def histogram_quantile(q: float, bounds: tuple[float, ...], counts: list[int]) -> float:
-    """Prometheus's histogram_quantile over non-cumulative counts: linear within the bucket holding the rank."""
-    rank, seen = q * sum(counts), 0
-    for i, count in enumerate(counts):
-        if seen + count >= rank and count:
-            if i == len(bounds):
-                return bounds[-1]
-            lower = bounds[i - 1] if i else 0.0
-            return lower + (bounds[i] - lower) * (rank - seen) / count
-        seen += count
-    return bounds[-1]
 
 
 def batch_figures(progress: list, steady_from_wall: float | None) -> dict[str, Any]:

@@ -96,6 +96,14 @@ class VisibleLatency(Collector):
         with self._lock:
             self._by_sink.setdefault(sink, LatencyHistogram()).add(histogram)
 
+    def total(self) -> LatencyHistogram:
+        """Every sink's records together."""
+        with self._lock:
+            total = LatencyHistogram()
+            for histogram in self._by_sink.values():
+                total.add(histogram)
+            return total
+
     def collect(self):
         family = HistogramMetricFamily(self.NAME, "Seconds from a record's timestamp to the commit that made it "
                                                   "visible", labels=["sink"])

@@ -115,5 +115,6 @@ def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_
     assert 302 * STAMPED_AGO_S <= metrics[f"{latency}_sum"] <= 302 * (STAMPED_AGO_S + 400) + 3000 * 400
     # Not on a terminal: plain lines with the same figures, the last one once the job stopped.
     assert "3,302 records in" in output and "3,300 delivered" in output and "2 dead-lettered" in output, output[-3000:]
+    assert re.search(r"visible p99 [\d,.]+ s \(last 60 s\)", output), output[-3000:]
     assert time.time() - metrics["sparkeos_last_batch_timestamp_seconds"] < 120
     assert re.search(r"Spark UI at http://\S+:\d+", output), output[-3000:]

@@ -97,6 +97,36 @@ def test_histograms_travel_in_events_and_refuse_other_buckets() -> None:
     assert LatencyHistogram.from_event(None) is None
 
 
+def counts_at(**by_bound: int) -> list[int]:
+    """Histogram counts with `by_bound` records in the bucket of each named upper bound ("inf" for +Inf)."""
+    counts = [0] * (len(BUCKETS) + 1)
+    for name, count in by_bound.items():
+        counts[len(BUCKETS) if name == "inf" else BUCKETS.index(float(name.lstrip("b").replace("_", ".")))] = count
+    return counts
+
+
+def test_quantiles_are_estimated_as_prometheus_histogram_quantile_does() -> None:
+    # 100 records: 50 in (0.2, 0.3], 40 in (0.3, 0.4], 10 in (1, 1.5].
+    histogram = LatencyHistogram(counts_at(b0_3=50, b0_4=40, b1_5=10), 40.0)
+    assert histogram.quantile(0.5) == pytest.approx(0.3)
+    assert histogram.quantile(0.7) == pytest.approx(0.35)
+    assert histogram.quantile(0.99) == pytest.approx(1.45)
+    assert histogram.quantile(0) == pytest.approx(0.2)
+    # Ranks in +Inf are reported at the highest finite bound, as Prometheus does.
+    assert LatencyHistogram(counts_at(b0_01=1, inf=99), 1e6).quantile(0.99) == BUCKETS[-1]
+    assert LatencyHistogram().quantile(0.99) is None
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        histogram.quantile(99)
+
+
+def test_since_keeps_only_the_records_added_after_a_copy() -> None:
+    before = LatencyHistogram(counts_at(b5=10), 45.0)
+    now = LatencyHistogram(list(before.counts), before.sum_seconds).add(LatencyHistogram(counts_at(b0_1=3), 0.25))
+    recent = now.since(before)
+    assert recent.counts == counts_at(b0_1=3) and recent.sum_seconds == pytest.approx(0.25)
+    assert recent.quantile(0.99) <= 0.1 < now.quantile(0.99)
+
+
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()

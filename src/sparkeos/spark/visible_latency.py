@@ -44,6 +44,29 @@ class LatencyHistogram:
             self.sum_seconds += other.sum_seconds
         return self
 
+    def since(self, earlier: LatencyHistogram) -> LatencyHistogram:
+        """The records added after `earlier`, a copy taken of this histogram before."""
+        return LatencyHistogram([a - b for a, b in zip(self.counts, earlier.counts, strict=True)],
+                                self.sum_seconds - earlier.sum_seconds)
+
+    def quantile(self, q: float) -> float | None:
+        """The `q` quantile (0 <= q <= 1) in seconds as Prometheus's ``histogram_quantile`` estimates it: linear
+        within the bucket that holds the rank, the highest finite bound for ranks in +Inf; None without records."""
+        if not 0 <= q <= 1:
+            raise ValueError(f"a quantile is between 0 and 1, got {q}")
+        records = self.records
+        if not records:
+            return None
+        rank, seen = q * records, 0
+        for i, count in enumerate(self.counts):
+            if count and seen + count >= rank:
+                if i == len(BUCKETS):
+                    return float(BUCKETS[-1])
+                lower = BUCKETS[i - 1] if i else 0.0
+                return lower + (BUCKETS[i] - lower) * (rank - seen) / count
+            seen += count
+        return float(BUCKETS[-1])
+
     def to_event(self) -> dict:
         return {"counts": self.counts, "sum": self.sum_seconds}
 
