@@ -110,14 +110,20 @@ SINK_FAULTS = (
 
 
 class FaultInjector(threading.Thread):
-    """Injects `faults` in turn, a random pause apart, until stopped; counts those that took effect."""
+    """Injects `faults` in turn, a random pause apart, until stopped; counts those that took effect.
+
+    With `progress` (a count that grows as the query moves on, such as its committed batches), a fault that took
+    effect is followed by no other until the count grew. For faults that fail the task they hit: paced by the
+    clock alone, they hit every attempt of a task once attempts take longer than the pauses (as on a loaded
+    machine), and Spark gives the query up after its last attempt."""
 
     def __init__(self, proxy: TcpProxy, faults: tuple[Fault, ...], seed: int,
-                 pause_s: tuple[float, float] = (0.3, 1.0)):
+                 pause_s: tuple[float, float] = (0.3, 1.0), progress: Callable[[], int] | None = None):
         super().__init__(name="fault-injector", daemon=True)
         self.proxy, self.faults = proxy, faults
         self.random = random.Random(seed)
         self.pause_s = pause_s
+        self.progress = progress
         self.stop_requested = threading.Event()
         self.injected: Counter[str] = Counter()
         self.failure: BaseException | None = None
@@ -137,6 +143,11 @@ class FaultInjector(threading.Thread):
                     time.sleep(0.01)
                 if fault.took_effect(self.proxy):
                     self.injected[fault.name] += 1
+                    self.proxy.clear_faults()
+                    if self.progress is not None:
+                        reached = self.progress()
+                        while self.progress() <= reached and not self.stop_requested.wait(0.05):
+                            pass
                 self.proxy.clear_faults()
         except BaseException as exc:  # reported by stop()
             self.failure = exc
