@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Produce-to-visible latency benchmark: Kafka -> pass-through -> Kafka, exactly once, five ways, one broker.
+"""Produce-to-visible latency benchmark: Kafka -> pass-through -> Kafka, exactly once, several ways, one broker.
 
 One sparkeos broker runs in a child process. For every variant and every rate in --rates, a fresh input topic and
 a fresh output topic (--partitions each, the same for every variant) are created, the variant's pipeline is
@@ -43,9 +43,11 @@ The variants, all local[2] or parallelism 2, each reading with read_committed an
       Latency = arrival - sent; there is no outside reader, and "arrived" means every record arrived once.
   (i) (h) with a 0 s trigger
 
-Spark's session is started once and shared by (a)-(c), after one untimed rehearsal of (a) (see rehearse_spark); for
-(a)-(c) the run also prints Spark's own per-batch figures (query.recentProgress durationMs, batches that started
-in the steady phase) as medians and p99s. Each Flink run starts its own JVM and mini-cluster, before its warm-up.
+Spark's session is started once and shared by the Spark variants, after one untimed rehearsal of (a) (see
+rehearse_spark); for them the run also prints Spark's own per-batch figures (query.recentProgress durationMs,
+batches that started in the steady phase) as medians and p99s, and for (h) and (i) the moments of each batch at
+which its tasks entered write(), got their first input and read their last. Each Flink run starts its own JVM
+and mini-cluster, before its warm-up.
 
     python benchmarks/latency.py                           # all variants at 20,000 and 50,000 msgs/s
     python benchmarks/latency.py --variants a,d --rates 10000 --seconds 10
@@ -507,7 +509,7 @@ class Child:
 
 
 # --------------------------------------------------------------------------------------------
-# (a)-(c) Spark, in the driver
+# The Spark variants, in the driver
 
 
 def spark_session_for_benchmark():
