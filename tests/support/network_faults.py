@@ -141,14 +141,14 @@ class FaultInjector(threading.Thread):
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.01)
-                if fault.took_effect(self.proxy):
+                took_effect = fault.took_effect(self.proxy)
+                if took_effect:
                     self.injected[fault.name] += 1
-                    self.proxy.clear_faults()
-                    if self.progress is not None:
-                        reached = self.progress()
-                        while self.progress() <= reached and not self.stop_requested.wait(0.05):
-                            pass
                 self.proxy.clear_faults()
+                if took_effect and self.progress is not None:
+                    reached = self.progress()
+                    while self.progress() <= reached and not self.stop_requested.wait(0.05):
+                        pass
         except BaseException as exc:  # reported by stop()
             self.failure = exc
 
