@@ -587,6 +587,17 @@ def register_arrival_sink(spark) -> None:
     spark.dataSource.register(ArrivalSink)
 
 
+def batch_start(progress: dict) -> float:
+    """A batch's start, in time.time() seconds: its progress report's timestamp."""
+    return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def steady_batches(progress: list, steady_from_wall: float | None) -> list[dict]:
+    """The progress reports of the batches that read input and started in the steady phase."""
+    return [p for p in progress
+            if p.get("numInputRows") and (steady_from_wall is None or batch_start(p) >= steady_from_wall)]
+
+
 def arrival_moments(directory: Path, progress: list, steady_from_wall: float | None) -> dict[str, Any]:
     """Per batch with input that started in the steady phase, ms after its start: the moments of ARRIVAL_MOMENTS
     (for the tasks' moments, the later of the batch's tasks); median and p99 of each."""
@@ -597,16 +608,12 @@ def arrival_moments(directory: Path, progress: list, steady_from_wall: float | N
             line = json.loads(text)
             lines[line["batch"]] = line
     moments: dict[str, list[float]] = {name: [] for name in ARRIVAL_MOMENTS}
-    for p in progress:
+    for p in steady_batches(progress, steady_from_wall):
         line = lines.get(p["batchId"])
-        if not p.get("numInputRows") or line is None:
-            continue
-        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-        if steady_from_wall is not None and start < steady_from_wall:
-            continue
-        tasks = [t for t in line["tasks"] if t[1] is not None]
+        tasks = [t for t in line["tasks"] if t[1] is not None] if line else []
         if not tasks:
             continue
+        start = batch_start(p)
         for name, value in zip(ARRIVAL_MOMENTS, (max(t[0] for t in tasks), max(t[1] for t in tasks),
                                                  max(t[2] for t in tasks), line["commit"],
                                                  start + p["durationMs"]["triggerExecution"] / 1000), strict=True):
@@ -704,13 +711,12 @@ class SparkPipeline:
 
 def sink_view(query_id: str, progress: list, steady_from_wall: float | None) -> dict[str, Any]:
     """The sink's own produce-to-visible latency (sparkeos_sink_visible_latency_seconds) over the batches that
-    started in the steady phase: records, and p50 / p99 interpolated within their buckets as Prometheus's
-    histogram_quantile does."""
+    read input and started in the steady phase: records, and p50 / p99 interpolated within their buckets as
+    Prometheus's histogram_quantile does."""
     from sparkeos.spark.metric_events import metrics_dir
     from sparkeos.spark.visible_latency import LatencyHistogram
 
-    steady = {p["batchId"] for p in progress if steady_from_wall is None or datetime.fromisoformat(
-        p["timestamp"].replace("Z", "+00:00")).timestamp() >= steady_from_wall}
+    steady = {p["batchId"] for p in steady_batches(progress, steady_from_wall)}
     total = LatencyHistogram()
     for path in sorted(metrics_dir().glob("sink-*.jsonl")):
         for line in path.read_text().splitlines():
@@ -726,13 +732,7 @@ def sink_view(query_id: str, progress: list, steady_from_wall: float | None) -> 
 
 def batch_figures(progress: list, steady_from_wall: float | None) -> dict[str, Any]:
     """Spark's durationMs of the batches that read input and started in the steady phase: median and p99 by phase."""
-    batches = []
-    for p in progress:
-        if not p.get("numInputRows"):
-            continue
-        started = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
-        if steady_from_wall is None or started >= steady_from_wall:
-            batches.append(p)
+    batches = steady_batches(progress, steady_from_wall)
     figures: dict[str, Any] = {"batches": len(batches)}
     if not batches:
         return figures

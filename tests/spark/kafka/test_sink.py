@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -295,9 +294,8 @@ def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broke
     query_ended = threading.Event()
 
     def watch_the_workers() -> None:
-        while not query_ended.is_set():
+        while not query_ended.wait(0.05):
             holders.update(pid for pid, threads in kafka_client_threads_of_python_workers().items() if threads)
-            time.sleep(0.05)
 
     watcher = threading.Thread(target=watch_the_workers, daemon=True)
     watcher.start()
