@@ -52,3 +52,11 @@ def spark():
     session = spark_session()
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def runtime_python(tmp_path_factory) -> Path:
+    """The interpreter of a virtualenv holding sparkeos and its runtime dependencies only (support/runtime_only.py)."""
+    from support.runtime_only import make_runtime_venv
+
+    return make_runtime_venv(tmp_path_factory.mktemp("runtime-venv"))
