@@ -53,6 +53,12 @@ def test_the_runtime_environment_has_the_runtime_dependencies_and_nothing_else(r
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"sparkeos": True, "pyspark": True, "psycopg": True, "pytest": False,
                                          "pandas": False}
+    # Spark's Python workers of a local session there run that interpreter too.
+    result = run(runtime_python, "-c", "from sparkeos.spark.workers import worker_python; print(worker_python("
+                 "'local[2]'))")
+    assert result.returncode == 0, result.stderr
+    worker = Path(result.stdout.strip())
+    assert worker == runtime_python or f"exec {runtime_python} " in worker.read_text()
 
 
 def test_every_import_in_src_is_installed_by_a_runtime_dependency(runtime_python):

@@ -1,9 +1,7 @@
 """Decompressing a produced batch's records, only to validate them: the batch is stored as received.
 
 Kafka's codec ids: 1 gzip (any number of members), 2 snappy (raw, or in xerial's framing as the Java
-client writes it), 3 lz4 (frames), 4 zstd (frames). gzip needs only the standard library; snappy, lz4
-and zstd need python-snappy, lz4 and zstandard, and a codec whose library is not installed is not
-decompressed here (`decompress` returns None).
+client writes it), 3 lz4 (frames), 4 zstd (frames).
 
 The output is bounded: a batch whose records decompress to more than `limit` bytes is refused with
 MESSAGE_TOO_LARGE before more than about that much has been produced, whatever the ratio. A stream
@@ -16,21 +14,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
+import lz4.frame as _lz4
+import snappy as _snappy
+import zstandard as _zstd
+
 from .errors import MESSAGE_TOO_LARGE, UNKNOWN_SERVER_ERROR
 from .records import InvalidBatch
-
-try:
-    import snappy as _snappy
-except ImportError:  # pragma: no cover - depends on the installation
-    _snappy = None
-try:
-    import lz4.frame as _lz4
-except ImportError:  # pragma: no cover
-    _lz4 = None
-try:
-    import zstandard as _zstd
-except ImportError:  # pragma: no cover
-    _zstd = None
 
 GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
 CODEC_NAMES = {0: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
@@ -158,26 +147,18 @@ def _zstd_stream(data: bytes, out: _Output) -> None:
         position = min(position, len(data)) - len(stream.unused_data)
 
 
-_DECOMPRESSORS: dict[int, tuple[Callable[[bytes, _Output], None], object]] = {
-    GZIP: (_gzip, zlib),
-    SNAPPY: (_snappy_stream, _snappy),
-    LZ4: (_lz4_stream, _lz4),
-    ZSTD: (_zstd_stream, _zstd),
+_DECOMPRESSORS: dict[int, Callable[[bytes, _Output], None]] = {
+    GZIP: _gzip,
+    SNAPPY: _snappy_stream,
+    LZ4: _lz4_stream,
+    ZSTD: _zstd_stream,
 }
 
 
-def can_decompress(codec: int) -> bool:
-    entry = _DECOMPRESSORS.get(codec)
-    return entry is not None and entry[1] is not None
-
-
-def decompress(codec: int, payload: bytes | memoryview, limit: int) -> bytes | None:
-    """The decompressed records of a batch of `codec` (1-4), or None when its library is not installed.
+def decompress(codec: int, payload: bytes | memoryview, limit: int) -> bytes:
+    """The decompressed records of a batch of `codec` (1-4).
 
     Raises InvalidBatch: MESSAGE_TOO_LARGE past `limit` bytes, UNKNOWN_SERVER_ERROR for a corrupt stream."""
-    decompressor, library = _DECOMPRESSORS[codec]
-    if library is None:
-        return None
     out = _Output(limit)
-    decompressor(bytes(payload), out)
+    _DECOMPRESSORS[codec](bytes(payload), out)
     return out.join()

@@ -46,8 +46,6 @@ def validate_records(header: BatchHeader, batch: memoryview, compacted: bool, ma
             # Kafka fails on it in CompressionType.forId, with an exception it answers as an unknown error.
             raise InvalidBatch(UNKNOWN_SERVER_ERROR, f"Unknown compression type id: {codec}")
         records = decompress(codec, batch[HEADER_SIZE:], max_uncompressed_bytes)
-        if records is None:
-            return  # the codec's library is not installed: the batch is stored unread, as before validation
         keyless = _walk(records, 0, len(records), count, compacted)
     if keyless:
         message = f"Compacted topic cannot accept message without key in topic partition {partition_name}"

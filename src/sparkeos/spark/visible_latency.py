@@ -16,10 +16,11 @@ committed them, so a replay reports none.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 TIMESTAMP_COLUMN = "timestamp"
 BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 900, 3600)
@@ -104,10 +105,11 @@ class TimestampTally:
             column = column.drop_null()
         if len(column) == 0:
             return
-        raw = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        millis = np.floor(raw * _MS_PER_UNIT[column.type.unit]).astype(np.int64)
-        slots, counts = np.unique(millis // self.resolution_ms, return_counts=True)
-        for slot, count in zip(slots.tolist(), counts.tolist(), strict=True):
+        # In doubles, nanoseconds since 1970 lose digits far below a millisecond; milliseconds are exact.
+        raw = column.cast(pa.int64()).cast(pa.float64(), safe=False)
+        millis = pc.floor(pc.multiply(raw, _MS_PER_UNIT[column.type.unit]))
+        slots = pc.value_counts(pc.floor(pc.divide(millis, float(self.resolution_ms))).cast(pa.int64()))
+        for slot, count in zip(slots.field("values").to_pylist(), slots.field("counts").to_pylist(), strict=True):
             self.counts[slot] = self.counts.get(slot, 0) + count
         while len(self.counts) > MAX_KEYS:
             self._coarsen()
@@ -125,13 +127,13 @@ class TimestampTally:
         no record."""
         if not self.counts:
             return None
-        slots = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
-        counts = np.fromiter(self.counts.values(), dtype=np.int64, count=len(self.counts))
-        stamped = (slots * self.resolution_ms + (self.resolution_ms - 1) / 2) / 1000
-        seconds = np.maximum(visible_at - stamped, 0.0)
-        buckets = np.searchsorted(np.asarray(BUCKETS), seconds, side="left")
-        per_bucket = np.bincount(buckets, weights=counts, minlength=len(BUCKETS) + 1)
-        return LatencyHistogram([int(c) for c in per_bucket], float((seconds * counts).sum()))
+        histogram = LatencyHistogram()
+        middle = (self.resolution_ms - 1) / 2
+        for slot, count in self.counts.items():
+            seconds = max(visible_at - (slot * self.resolution_ms + middle) / 1000, 0.0)
+            histogram.counts[bisect_left(BUCKETS, seconds)] += count
+            histogram.sum_seconds += seconds * count
+        return histogram
 
 
 def _timestamp_column(schema: pa.Schema) -> int | None:

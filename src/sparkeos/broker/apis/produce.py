@@ -15,9 +15,7 @@ Leaves out:
   `producer`, and a batch whose record offset deltas are not 0, 1, 2... is refused where Kafka would
   rewrite it;
 - record timestamp checks (`message.timestamp.before.max.ms` / `after.max.ms` are not topic configs
-  here): every timestamp is accepted;
-- the records of snappy, lz4 and zstd batches when python-snappy, lz4 or zstandard is not installed:
-  such a batch is stored without its records being read.
+  here): every timestamp is accepted.
 """
 
 from __future__ import annotations

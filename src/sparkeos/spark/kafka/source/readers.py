@@ -9,12 +9,13 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows
-
-try:  # SupportsTriggerAvailableNow arrived in pyspark 4.2
-    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-except ImportError:  # pragma: no cover - older pyspark
-    SupportsTriggerAvailableNow = object  # type: ignore[misc,assignment]
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 
 from ..options import SourceOptions
 from .offsets import (
