@@ -20,9 +20,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 PROJECT = "sparkeos"
-# Set by the test process's own Spark sessions (sparkeos.spark.session) and inherited by its children: a program of
-# the runtime environment must choose its Python workers' interpreter itself.
-INHERITED_INTERPRETERS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "PYTHONHOME")
+# Variables that would point a program of the runtime environment, or its Spark's Python workers, at the test
+# environment's interpreter or packages (the test process's own Spark sessions set PYSPARK_PYTHON).
+DROPPED_VARIABLES = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "PYTHONHOME")
 
 
 def runtime_distributions(project: str = PROJECT) -> dict[str, metadata.Distribution]:
@@ -70,7 +70,7 @@ def runtime_environment(python: Path, base: dict[str, str] | None = None) -> dic
     """Environment variables for running `python` (of `make_runtime_venv`) as a new user's shell would, after
     activating it."""
     env = {key: value for key, value in (base if base is not None else os.environ).items()
-           if key not in INHERITED_INTERPRETERS}
+           if key not in DROPPED_VARIABLES}
     env["VIRTUAL_ENV"] = str(python.parent.parent)
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     return env
