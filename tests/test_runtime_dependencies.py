@@ -112,7 +112,8 @@ def test_a_sinks_job_runs_and_audits_with_runtime_dependencies_only(runtime_pyth
     document = yaml.safe_load((EXAMPLES / example).read_text())
     document["source"]["kafka.bootstrap.servers"] = bootstrap
     document["checkpoint"] = str(tmp_path / "checkpoint")
-    if document["sink"]["format"] == "sparkeos.files":
+    files = document["sink"]["format"] == "sparkeos.files"
+    if files:
         document["sink"]["path"] = str(tmp_path / "output")
     else:
         table = f"public.adults_{tmp_path.name.replace('-', '_').lower()}"
@@ -126,7 +127,7 @@ def test_a_sinks_job_runs_and_audits_with_runtime_dependencies_only(runtime_pyth
     result = run(runtime_python, "-m", "sparkeos", "run", str(job), "--available-now", "--master", "local[2]",
                  timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    if document["sink"]["format"] == "sparkeos.files":
+    if files:
         table_read = pyarrow.dataset.dataset(tmp_path / "output", format="parquet", partitioning="hive").to_table()
         written = sorted(table_read.column("id").to_pylist())
         expected = list(range(60))

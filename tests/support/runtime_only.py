@@ -66,11 +66,10 @@ def make_runtime_venv(root: Path) -> Path:
     return python
 
 
-def runtime_environment(python: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+def runtime_environment(python: Path) -> dict[str, str]:
     """Environment variables for running `python` (of `make_runtime_venv`) as a new user's shell would, after
     activating it."""
-    env = {key: value for key, value in (base if base is not None else os.environ).items()
-           if key not in DROPPED_VARIABLES}
+    env = {key: value for key, value in os.environ.items() if key not in DROPPED_VARIABLES}
     env["VIRTUAL_ENV"] = str(python.parent.parent)
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     return env
