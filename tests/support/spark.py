@@ -71,7 +71,9 @@ def unique(prefix: str) -> str:
 
 
 def produce(bootstrap: str, topic: str, values: Iterable[bytes | str], keys: Iterable | None = None,
-            partition: int | None = None, headers=None) -> int:
+            partition: int | None = None, headers=None, spread_over: int | None = None) -> int:
+    """Produce `values`; with `spread_over=n`, dealt round-robin over partitions 0..n-1, for tests that need every
+    partition to hold records (the sticky partitioner may put a whole burst in one partition)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
     count = 0
     keys_list = list(keys) if keys is not None else None
@@ -82,6 +84,8 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes | str], keys: Ite
             args["key"] = key.encode() if isinstance(key, str) else key
         if partition is not None:
             args["partition"] = partition
+        elif spread_over is not None:
+            args["partition"] = i % spread_over
         if headers is not None:
             args["headers"] = headers
         producer.produce(topic, **args)

@@ -80,7 +80,7 @@ def assert_exact(spark, path: Path, count: int) -> None:
 def test_failure_at_each_step_of_the_commit_then_restart_is_exact(spark, broker, tmp_path, failpoint):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
-    produce(bootstrap, source, [str(i) for i in range(900)])
+    produce(bootstrap, source, [str(i) for i in range(900)], spread_over=2)  # two tasks, so two commits
     path, checkpoint = tmp_path / "out", tmp_path / "ck"
     arm_failpoint(failpoint)
     query = start_query(spark, bootstrap, source, path, checkpoint)

@@ -109,7 +109,7 @@ def test_failure_at_each_step_of_the_commit_then_restart_is_exact(spark_postgres
                                                                   failpoint):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
-    produce(bootstrap, source, [str(i) for i in range(900)])
+    produce(bootstrap, source, [str(i) for i in range(900)], spread_over=2)  # two tasks, so two commits
     table, checkpoint = new_table(), tmp_path / "ck"
     fail_once(spark_postgres, failpoint, bootstrap, source, postgres.url(), table, checkpoint)
     run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
