@@ -136,7 +136,7 @@ def test_replayed_batch_is_skipped_by_every_task(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = create_topic(bootstrap, unique("out"))
-    produce(bootstrap, source, [str(i) for i in range(500)])
+    produce(bootstrap, source, [str(i) for i in range(500)], spread_over=2)  # two tasks to skip
     checkpoint = tmp_path / "ck"
     query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint))
     query.processAllAvailable()
@@ -225,7 +225,7 @@ def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_pa
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = create_topic(bootstrap, unique("out"))
-    produce(bootstrap, source, [str(i) for i in range(900)])
+    produce(bootstrap, source, [str(i) for i in range(900)], spread_over=2)
     prefix = unique("eos")
     query = start_pipeline(spark, bootstrap, source, sink, str(tmp_path / "ck"), transactionalIdPrefix=prefix)
     query.processAllAvailable()
@@ -235,7 +235,7 @@ def test_markers_name_the_batches_each_partition_committed(spark, broker, tmp_pa
 
     markers = [json.loads(v) for v in read_values(bootstrap, DEFAULT_MARKER_TOPIC)]
     ours = [m for m in markers if m["transactional_id"].startswith(prefix)]
-    assert {m["transactional_id"] for m in ours} <= {f"{prefix}-0", f"{prefix}-1"}
+    assert {m["transactional_id"] for m in ours} == {f"{prefix}-0", f"{prefix}-1"}
     assert {m["batch"] for m in ours} == batches
     assert sum(m["records"] for m in ours) == 900
 
