@@ -83,6 +83,8 @@ def test_idempotent_producer_survives_dropped_connections(tmp_path: Path, topic_
                 stop_chaos.set()
                 chaos_thread.join()
             assert producer.flush(30) == 0
+            # The log is checked by a reader on a quiet network: what is under test is the producer.
+            proxy.cut_after_request_probability = 0.0
             log.warning("proxy cut %d connections (%d right after a request)", proxy.cuts, proxy.cuts_after_request)
             assert proxy.cuts_after_request >= 3 and proxy.cuts >= 2, "the proxy never disturbed the producer"
             assert not failures, f"{len(failures)} deliveries failed, e.g. {failures[:5]}"
