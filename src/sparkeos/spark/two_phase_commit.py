@@ -55,12 +55,12 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from . import failpoints, metric_events
 from .gc_pause import cyclic_gc_paused
 from .reports import log, report, report_level
+from .task_context import spark_task, streaming_task
 from .visible_latency import LatencyHistogram, TimestampTally
 
 RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
@@ -203,17 +203,13 @@ class PreCommitted(WriterCommitMessage):
 
 
 def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAttempt:
-    """This task's place: Spark's query id and batch id unless given, its partition, a fresh attempt id."""
-    context = TaskContext.get()
-    if context is None:
-        raise RuntimeError("a two-phase-commit task runs inside a Spark task")
-    if query is None:
-        query = context.getLocalProperty("sql.streaming.queryId")
-        if not query:
-            raise RuntimeError("no streaming query id in the task's context")
-    if batch is None:
-        batch = int(context.getLocalProperty("streaming.sql.batchId") or 0)
-    return TaskAttempt(query, batch, context.partitionId(), uuid.uuid4().hex[:12])
+    """This task's place: the streaming query's id and batch id unless both are given (a batch write's), its
+    partition, a fresh attempt id."""
+    if query is None or batch is None:
+        query, batch, partition = streaming_task()
+    else:
+        partition = spark_task().partitionId()
+    return TaskAttempt(query, batch, partition, uuid.uuid4().hex[:12])
 
 
 def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
@@ -327,6 +323,19 @@ def _emit_commit(sink: TwoPhaseCommitSink, query: str, batch: int, decision: Dec
     else:
         metric_events.sink_batch(sink.format_name, query, batch, "committed", skipped=len(handles),
                                  commit_seconds=[seconds])
+
+
+def refuse_complete_mode(format_name: str, overwrite: bool) -> None:
+    """Spark asks a Python stream writer to overwrite exactly in complete output mode (update mode it refuses itself
+    for Python sinks). A two-phase-commit sink adds each batch's rows: the whole result table at every trigger
+    would be added again and again, so the mode is refused when the query starts."""
+    if overwrite:
+        raise ValueError(
+            f"the {format_name} sink cannot honour outputMode 'complete': it adds each batch's rows to what it holds, "
+            "and complete mode hands it the whole result table at every trigger to replace it. Use "
+            "outputMode('append') (with a watermark for an aggregation), or foreachBatch to replace the target "
+            "yourself."
+        )
 
 
 class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):

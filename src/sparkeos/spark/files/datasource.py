@@ -6,7 +6,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..gc_pause import freeze_planner_worker_once
-from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter
+from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
 from .options import check_input_schema, parse_file_sink_options
 from .sink import FileSink
 
@@ -33,5 +33,6 @@ class FilesDataSource(DataSource):
         return TwoPhaseCommitBatchWriter(self._sink(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
+        refuse_complete_mode(self.name(), overwrite)
         freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))

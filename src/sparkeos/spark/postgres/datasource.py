@@ -6,7 +6,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..gc_pause import freeze_planner_worker_once
-from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, commit_batch
+from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, commit_batch, refuse_complete_mode
 from .options import parse_postgres_sink_options
 from .sink import PostgresSink
 
@@ -47,5 +47,6 @@ class PostgresDataSource(DataSource):
         return PostgresBatchWriter(self._sink(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
+        refuse_complete_mode(self.name(), overwrite)
         freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))

@@ -10,25 +10,16 @@ import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from ... import failpoints
 from ...gc_pause import cyclic_gc_paused
 from ...reports import report, report_level
+from ...task_context import spark_task, streaming_task
 from ..options import SinkOptions
 from .protocol import write_exactly_once
 from .reports import SinkCommit, emit_abort, emit_commit, report_commit
 from .without_transactions import write_without_transactions
-
-
-def _task_context() -> tuple[int, int, str | None]:
-    context = TaskContext.get()
-    if context is None:
-        raise RuntimeError("the sparkeos.kafka sink must run inside a Spark task")
-    batch = context.getLocalProperty("streaming.sql.batchId")
-    query = context.getLocalProperty("sql.streaming.queryId")
-    return context.partitionId(), int(batch) if batch is not None else 0, query
 
 
 def _query_of(messages: list) -> str | None:
@@ -42,7 +33,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.marker_partitions = marker_partitions
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition, batch, query_id = _task_context()
+        query_id, batch, partition = streaming_task()
         with cyclic_gc_paused():
             if self.options.delivery_guarantee != "exactly_once":
                 done = write_without_transactions(self.options, batch, iterator)
@@ -73,7 +64,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
         self.write_id = uuid.uuid4().hex[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        partition, _batch, _query = _task_context()
+        partition = spark_task().partitionId()
         with cyclic_gc_paused():
             if self.options.delivery_guarantee != "exactly_once":
                 return write_without_transactions(self.options, 0, iterator)
