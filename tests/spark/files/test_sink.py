@@ -229,6 +229,27 @@ def test_a_directory_without_write_permission_is_refused_naming_the_path(tmp_pat
     assert list(locked.iterdir()) == []
 
 
+def test_a_crash_while_forgetting_an_old_decision_never_fails_a_later_commit(tmp_path):
+    """Old decisions are forgotten file by file (the decision, then its finished mark); a driver killed between the
+    two deletes leaves a finished mark without its decision, which every later commit then tries to forget."""
+    from sparkeos.spark.files.options import parse_file_sink_options
+    from sparkeos.spark.files.sink import FileSink
+    from sparkeos.spark.two_phase_commit import RETAINED_DECISIONS, Decision, Handle, commit_batch
+
+    sink = FileSink(parse_file_sink_options({"path": str(tmp_path / "out")}))
+    sink.prepare()
+    decisions = sink.decision_log("q")
+    for batch in range(3):
+        decisions.record(Decision("q", batch, (Handle(f"{batch}-0-a", batch, 0),)))
+        decisions.finish(batch)
+    directory = tmp_path / "out" / "_sparkeos" / "q" / "decisions"
+    (directory / "0.decision").unlink()  # the crash: 0.finished stays
+
+    for batch in (RETAINED_DECISIONS + 1, RETAINED_DECISIONS + 2):
+        commit_batch(sink, "q", batch, [])
+    assert sorted(p.name for p in directory.iterdir()) == []
+
+
 @pytest.fixture
 def s3_server():
     """An S3-compatible server on this machine (moto in server mode), with a bucket."""

@@ -299,8 +299,17 @@ class FileDecisionLog(DecisionLog):
         self._write(self._path(batch, "finished"), b"")
 
     def forget_before(self, batch: int) -> None:
+        # The decision goes first: a crash in between leaves a finished mark without a decision, which lists as
+        # neither unfinished nor decided, and is removed by the next forget. The other order would leave a decision
+        # that looks unfinished, whose files a later commit would publish again (or, pruned since, fail on).
         kinds = self._batches()
         for old in sorted(kinds["finished"]):
             if old < batch:
-                self.fs.delete_file(self._path(old, "decision"))
-                self.fs.delete_file(self._path(old, "finished"))
+                self._delete_if_there(self._path(old, "decision"))
+                self._delete_if_there(self._path(old, "finished"))
+
+    def _delete_if_there(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
