@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 from pyarrow import fs as pafs
 
 from .spark.kafka.cluster import KafkaCluster
-from .spark.kafka.source.offsets import BATCH_START_KEY, Offsets
+from .spark.kafka.source.offsets import BATCH_START_KEY, RESERVED_KEY_PREFIX, Offsets
 
 DEFAULT_TIMEOUT_S = 15.0
 VOID_OFFSET = "-"  # Spark's offset log line of a source that has no offset yet
@@ -157,7 +157,7 @@ def kafka_offsets(value: Any) -> Offsets | None:
         return None
     offsets: Offsets = {}
     for topic, partitions in value.items():
-        if topic == BATCH_START_KEY:
+        if topic.startswith(RESERVED_KEY_PREFIX):
             continue
         if not isinstance(partitions, dict):
             return None

@@ -43,13 +43,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from .spark.kafka.source.offsets import BATCH_START_KEY, RESERVED_KEY_PREFIX
 from .spark.metric_events import METRICS_DIR_ENV, QUERY_PROGRESS, SINK_BATCH, emit
 from .spark.visible_latency import BUCKETS as VISIBLE_LATENCY_BUCKETS
 from .spark.visible_latency import LatencyHistogram
 
 log = logging.getLogger("sparkeos.metrics")
 
-BATCH_START_KEY = "sparkeos:batchStart"  # kept inside batch 0's end offsets by the source; no partition
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 COMMIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 POLL_INTERVAL_S = 0.5
@@ -269,7 +269,7 @@ def _records_read(progress: dict[str, Any]) -> int:
 
 
 def _batch_start(end: Any) -> Any:
-    """The start of a query's first batch, which the source keeps inside that batch's end offsets."""
+    """The start of a batch, which the source keeps inside the batch's end offsets."""
     if isinstance(end, str):
         try:
             end = json.loads(end)
@@ -289,7 +289,7 @@ def _offsets(value: Any) -> dict[tuple[str, int], int]:
         return {}
     found = {}
     for topic, partitions in value.items():
-        if topic == BATCH_START_KEY or not isinstance(partitions, dict):
+        if topic.startswith(RESERVED_KEY_PREFIX) or not isinstance(partitions, dict):
             continue
         for partition, offset in partitions.items():
             if str(partition).lstrip("-").isdigit() and isinstance(offset, int):

@@ -419,9 +419,10 @@ def batch_in_flight(checkpoint: Path) -> int | None:
 
 
 def batch_end_offsets(checkpoint: Path, batch: int) -> dict[str, dict[str, int]]:
-    """The source end offsets Spark planned for `batch` (its offset log entry: version, metadata, offsets)."""
+    """The source end offsets Spark planned for `batch` (its offset log entry: version, metadata, offsets), by topic;
+    the keys sparkeos' source keeps beside the topics (the batch's start and plan) left out."""
     lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    return json.loads(lines[2])
+    return {topic: parts for topic, parts in json.loads(lines[2]).items() if not topic.startswith("sparkeos:")}
 
 
 def caught_up(checkpoint: Path, topic: str, ends: dict[int, int]) -> bool:

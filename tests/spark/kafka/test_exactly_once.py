@@ -32,19 +32,22 @@ from support.wire import WireClient
 
 
 def start_pipeline(spark, bootstrap: str, source: str, sink: str, checkpoint: str, starting: str = "earliest",
-                   **sink_options):
-    """Kafka -> map (value + '!') -> Kafka, exactly once."""
+                   source_options: dict[str, str] | None = None, transform=None, **sink_options):
+    """Kafka -> map (value + '!') -> Kafka, exactly once; `transform` changes the frame before the sink."""
     from pyspark.sql import functions as F
 
-    frame = (
+    reader = (
         spark.readStream.format("sparkeos.kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", source)
         .option("startingOffsets", starting)
         .option("maxOffsetsPerTrigger", "300")
-        .load()
-        .select("key", F.concat("value", F.lit(b"!")).alias("value"))
     )
+    for key, value in (source_options or {}).items():
+        reader = reader.option(key, value)
+    frame = reader.load().select("key", F.concat("value", F.lit(b"!")).alias("value"))
+    if transform is not None:
+        frame = transform(frame)
     writer = (
         frame.writeStream.format("sparkeos.kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -148,6 +151,79 @@ def test_replayed_batch_is_skipped_by_every_task(spark, broker, tmp_path):
     query.stop()
     assert progress and progress[0]["numInputRows"] > 0, "batch was not replayed"
     assert_exactly_once(expected_output(500), read_values(bootstrap, sink))
+
+
+def run_then_replay_last_batch(spark, bootstrap: str, source: str, sink: str, checkpoint: Path,
+                               first: dict, again: dict) -> tuple[int, list[dict]]:
+    """Run the pipeline to the end with `first`'s arguments, put the checkpoint in the state of a driver that died
+    after the sink committed the last batch, and run again with `again`'s; returns the replayed batch and the
+    restart's progress."""
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint), **first)
+    query.processAllAvailable()
+    query.stop()
+    last = forget_last_commit(checkpoint)
+    query = start_pipeline(spark, bootstrap, source, sink, str(checkpoint), **again)
+    try:
+        query.processAllAvailable()
+        return last, query.recentProgress
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize("options", [{"minPartitions": "4"}, {"maxRecordsPerPartition": "20"}])
+def test_a_replay_after_a_restart_with_other_partitioning_options_reads_the_batch_as_planned(spark, broker, tmp_path,
+                                                                                           options):
+    """Restarted with options that split a batch another way, the source must still give the replayed batch the
+    tasks it was planned with: the sink skips a task whose marker shows the batch, so a task reading another range
+    under that marker's transactional id would be skipped (its records lost) or another written again."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(400)], spread_over=2)
+    last, progress = run_then_replay_last_batch(spark, bootstrap, source, sink, tmp_path / "ck", {},
+                                                {"source_options": options})
+    assert any(p["batchId"] == last and p["numInputRows"] > 0 for p in progress), "the batch was not replayed"
+    assert_exactly_once(expected_output(400), read_values(bootstrap, sink))
+
+
+def test_a_replayed_task_given_other_records_than_it_committed_fails_naming_the_cause(spark, broker, tmp_path):
+    """The transformation changed between the run and the replay (here: the values), so a task whose marker shows
+    the batch receives other records, as many as it committed. Skipping it would leave the committed records
+    where the replay has others; the task must fail, naming what differs."""
+    from pyspark.sql import functions as F
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(400)], spread_over=2)
+    other_values = {"transform": lambda frame: frame.select("key", F.concat("value", F.lit(b"?")).alias("value"))}
+    with pytest.raises(StreamingQueryException, match="replay of batch .* differs from what .* committed"):
+        run_then_replay_last_batch(spark, bootstrap, source, sink, tmp_path / "ck", {}, other_values)
+    assert_exactly_once(expected_output(400), read_values(bootstrap, sink))
+
+
+def test_a_replayed_task_left_without_the_records_it_committed_fails(spark, broker, tmp_path):
+    """The replay moves a committed task's records to another task (here: a repartition added before the sink).
+    The other task never committed the batch and writes them again, which no task can tell from the normal
+    recovery of a half-committed batch; the committed task, now empty, must fail the query, naming the cause."""
+    from pyspark.sql import functions as F
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    sink = create_topic(bootstrap, unique("out"))
+    produce(bootstrap, source, [str(i) for i in range(200)])  # one task, Spark partition 0
+    to_partition_1 = {"transform": lambda frame: frame.repartition(2, F.lit(_key_hashing_to(spark, 1, 2)))}
+    with pytest.raises(StreamingQueryException, match="replay of batch .* differs from what .* committed for it: "
+                                                      "task 0 is given 0 records"):
+        run_then_replay_last_batch(spark, bootstrap, source, sink, tmp_path / "ck", {}, to_partition_1)
+
+
+def _key_hashing_to(spark, partition: int, partitions: int) -> int:
+    """A literal that Spark's hash partitioning puts in `partition` of `partitions`."""
+    from pyspark.sql import functions as F
+
+    return next(k for k in range(100)
+                if spark.range(1).select(F.pmod(F.hash(F.lit(k)), F.lit(partitions))).first()[0] == partition)
 
 
 def test_marker_record_survives_when_group_offsets_are_gone(spark, broker, tmp_path):

@@ -92,15 +92,23 @@ class MarkerReader:
 
     def _scan_marker_records(self, query_id: str | None) -> int | None:
         """The newest marker record of T and `query_id`, for when the group offset is gone, never existed, or is
-        another query's.
+        another query's."""
+        return max((value["batch"] for value in self._marker_records(query_id)), default=None)
+
+    def committed_marker(self, query_id: str | None, batch: int) -> dict | None:
+        """The marker record T committed for `batch` of `query_id` (records, digest), or None if Kafka no longer
+        holds it. Read only when a replay finds the batch committed, to compare the replay's input with it."""
+        return next((value for value in self._marker_records(query_id) if value["batch"] == batch), None)
+
+    def _marker_records(self, query_id: str | None) -> list[dict]:
+        """T's marker records of `query_id`.
 
         Every partition is read, as for the group offsets: the records T wrote before partitions were added
         sit on its old home partition."""
         with _scan_clusters.lease(json.dumps(connection_config(self.options.producer_config()), sort_keys=True),
                                   lambda: KafkaCluster(self.options.producer_config())) as cluster:
             ranges = self._decided_marker_ranges(cluster)
-        return max((value["batch"] for value in self._read_records(ranges) if value.get("query_id") == query_id),
-                   default=None)
+        return [value for value in self._read_records(ranges) if value.get("query_id") == query_id]
 
     def _decided_marker_ranges(self, cluster: KafkaCluster) -> dict[tuple[str, int], tuple[int, int]]:
         """Per marker partition, [log start, high watermark), once no open transaction lies below the watermark."""

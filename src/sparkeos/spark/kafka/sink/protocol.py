@@ -23,7 +23,8 @@ Protocol
    marker topic, which move T's home partition, cannot hide T's last commit.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
-   marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing.
+   marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing
+   (at B, once its input matches the marker record's count and digest: see "What replay requires").
    Another query's marker (a ``transactionalIdPrefix`` reused with a new checkpoint) counts as none.
    Otherwise it begins a transaction, produces the records, then the marker record and the marker
    offset, and commits. Any error aborts the transaction, discards the producer and fails the task;
@@ -49,10 +50,11 @@ that batch for a retry of the aborted one and acknowledges it without storing it
 their transaction commits. A new producer's ``init_transactions`` bumps the epoch and starts the sequences
 again, so nothing it sends can be mistaken for what an earlier attempt sent.
 
-What replay requires: Spark re-runs batch B from the offsets in its checkpoint, so (B, p) must
-receive the same records on replay: deterministic transformations (no unseeded ``rand()``,
-``uuid()`` or lookups of changing external data); shuffles, windows and watermarks of Spark are
-deterministic per batch. Empty tasks write no transaction at all.
+What replay requires: Spark re-runs batch B from the offsets in its checkpoint, so (B, p) must receive the same
+records on replay: the source's split (``sparkeos.kafka`` keeps its own plan in the offset log), the sink's input
+partitions and a deterministic transformation (docs/exactly-once.md lists what breaks it). A skipping task checks
+it: its input's count and digest must equal the marker record's, and a task without input must not find its
+marker at B; otherwise it fails the query. Empty tasks write no transaction at all.
 
 Batch writes (``df.write``) use the same protocol with B = 0 and ``T = <prefix>-<write id>-<p>``, a
 write id drawn once per ``DataFrame.write``, so a retried task fences and skips its first attempt. Every
@@ -88,7 +90,7 @@ from ..cluster import WARMUP_TIMEOUT_S, connect_to_a_known_broker
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
 from .markers import MarkerReader
 from .reports import SinkCommit
-from .rows import Rows, produce
+from .rows import RecordDigest, Rows, produce
 
 log = logging.getLogger("sparkeos.sink")
 
@@ -157,17 +159,20 @@ class _TransactionalWriter(MarkerReader):
         """Step 3, in the open transaction: the records, then the marker record, then the commit (step 2: the
         marker commits with the records, or neither does). Returns (records, seconds the commit took); counts
         the records by topic into `records_by_topic`, and their timestamps into `timestamps`."""
-        records = 0
+        digest = RecordDigest()
         for arrow_batch in batches:
             if timestamps is not None:
                 timestamps.add(arrow_batch)
             rows = Rows(arrow_batch, self.options.topic)
             rows.produce_all(self.producer)
-            records += rows.count
+            digest.add(rows)
             if records_by_topic is not None:
                 rows.count_by_topic(records_by_topic)
-        # The marker record goes last, so it holds back the marker partition's LSO only for the commit.
-        marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id}
+        records = digest.records
+        # The marker record goes last, so it holds back the marker partition's LSO only for the commit. Its count
+        # and digest let a replay that finds the batch committed check that it was given the same records.
+        marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id,
+                  "digest": digest.hex}
         # The data may have filled the producer's queue: wait for room, as for the records themselves.
         produce(self.producer, {"topic": self.marker.topic, "key": self.transactional_id.encode(),
                                 "value": json.dumps(marker).encode(), "partition": self.marker.partition})
@@ -215,19 +220,27 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
 
     # Steps 3 and 4: the worker's producer for T, T's marker and the transaction's start, while the task waits for
     # its first input and then reads ahead.
-    set_up = _set_up_while_reading_ahead(key, create, put_back, batch, query_id, scan_records, batches)
-    if set_up is None:
-        # Empty tasks write no transaction at all.
-        return SinkCommit(partition, batch, 0, False, transactional_id)
-    writer, committed, began, buffered = set_up
-    pending = itertools.chain(buffered, batches)
+    writer, committed, began, buffered = _set_up_while_reading_ahead(key, create, put_back, batch, query_id,
+                                                                     scan_records, batches)
     try:
-        # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume, write nothing.
+        if buffered is None:
+            # Empty tasks write no transaction at all. One whose marker shows this batch is a replay that gave the
+            # records it committed to another task, which has not committed the batch and would write them again.
+            if committed == batch:
+                _check_replay(writer, query_id, batch, partition, RecordDigest())
+            return SinkCommit(partition, batch, 0, False, transactional_id)
+        pending = itertools.chain(buffered, batches)
+        # Step 3: if the marker of this query is >= B, (B, p) is already committed: consume and write nothing, once
+        # the replay is known to give this task the records it committed.
         if began is None:
-            skipped = _drain(pending)
+            skipped = RecordDigest()
+            for arrow_batch in pending:
+                skipped.add(Rows(arrow_batch, options.topic))
+            if committed == batch:
+                _check_replay(writer, query_id, batch, partition, skipped)
             log.info("%s already committed batch %d (marker %d); skipping %d records", transactional_id, batch,
-                     committed, skipped)
-            return SinkCommit(partition, batch, skipped, True, transactional_id)
+                     committed, skipped.records)
+            return SinkCommit(partition, batch, skipped.records, True, transactional_id)
         # Step 3: the records, then the marker record, then the commit.
         by_topic: dict[str, int] = {}
         timestamps = TimestampTally()
@@ -257,13 +270,13 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
 def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalWriter],
                                 put_back: Callable[[_TransactionalWriter], None], batch: int, query_id: str | None,
                                 scan_records: bool, batches: Iterator[pa.RecordBatch]
-                                ) -> tuple[_TransactionalWriter, int | None, float | None, list[pa.RecordBatch]] | None:
+                                ) -> tuple[_TransactionalWriter, int | None, float | None, list[pa.RecordBatch] | None]:
     """Step 3's producer and marker, and step 4's start of the transaction, in a thread; then (writer, last committed
-    batch, when the transaction began or None if (B, p) is already committed, the batches read meanwhile), or None
-    for a task without input. The producer and the marker are set up while the task waits for its first input
-    (upstream work, and the source's reader, run in the same task); the transaction begins only once the input
-    has a row, so that an empty task begins none; the task reads ahead meanwhile. No record is produced before
-    the transaction began."""
+    batch, when the transaction began or None if (B, p) is already committed or the task has no input, the batches
+    read meanwhile or None for a task without input). The producer and the marker are set up while the task waits
+    for its first input (upstream work, and the source's reader, run in the same task); the transaction begins only
+    once the input has a row, so that an empty task begins none; the task reads ahead meanwhile. No record is
+    produced before the transaction began."""
     has_rows = threading.Event()
     decided = threading.Event()  # has_rows is final
 
@@ -327,11 +340,8 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
         if first is not None:
             has_rows.set()
         decided.set()
-        if first is None:
-            # Nothing to write: the writer goes back to the cache unused once its set-up ends.
-            setting_up.add_done_callback(put_back_unused)
-            return None
-        buffered = _read_ahead(first, batches, setting_up, READ_AHEAD_BYTES)
+        # Nothing to write: the set-up read the marker and began no transaction.
+        buffered = _read_ahead(first, batches, setting_up, READ_AHEAD_BYTES) if first is not None else None
     except BaseException:
         # The input failed: the task fails now, not after the set-up, whose writer goes back to the cache unused.
         decided.set()
@@ -348,8 +358,35 @@ def _first_with_rows(batches: Iterator[pa.RecordBatch]) -> pa.RecordBatch | None
     return None
 
 
-def _drain(batches: Iterator[pa.RecordBatch]) -> int:
-    return sum(b.num_rows for b in batches)
+class ReplayDiffers(RuntimeError):
+    """A replayed task whose marker shows the batch committed was given other records than it committed."""
+
+
+def _check_replay(writer: _TransactionalWriter, query_id: str | None, batch: int, partition: int,
+                  replayed: RecordDigest) -> None:
+    """Step 3's skip is right only if the replay gives task (B, p) the records it committed: compare the count and
+    digest of the replay's input with the marker's."""
+    marker = writer.committed_marker(query_id, batch)
+    if marker is None or "digest" not in marker:
+        # Compacted away by another query reusing the prefix, or written by an older sparkeos without a digest.
+        log.warning("%s committed batch %d, and Kafka no longer holds its marker record's count: the replay's input "
+                    "cannot be compared with it", writer.transactional_id, batch)
+        return
+    if marker["records"] == replayed.records and marker["digest"] == replayed.hex:
+        return
+    raise ReplayDiffers(
+        f"the replay of batch {batch} differs from what {writer.transactional_id} committed for it: task {partition} "
+        f"is given {replayed.records} records (digest {replayed.hex}), the commit holds {marker['records']} (digest "
+        f"{marker['digest']}). Skipping the task would leave the committed records where the replay has others, and "
+        "writing it would add them again; tasks of the replay that had not committed the batch write regardless, "
+        "so the output may already hold some of their records twice, or lack some. A replay must give each task the "
+        "records the batch first gave it: restart "
+        "with the transformation and the partitioning the batch ran with (sparkeos.kafka keeps its own plan; for other "
+        "sources pin what splits their input, e.g. spark.sql.files.maxPartitionBytes and the cores of a file source, "
+        "and the sink's input partitions: spark.sql.shuffle.partitions is kept by the checkpoint, repartition() "
+        "counts are not), without unseeded rand(), uuid(), or repartitionByRange/orderBy before the sink, which "
+        "sample their input anew in each run. See docs/exactly-once.md, \"What a replay must reproduce\"."
+    )
 
 
 def _read_ahead(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], setting_up: Future,

@@ -19,18 +19,28 @@ def encode_offsets(offsets: Offsets) -> dict:
     return encoded
 
 
-# A key no topic can have (':' is not allowed in topic names): the start of batch 0, kept inside its end offsets.
+# Keys no topic can have (':' is not allowed in topic names), kept beside the topics in a batch's end offsets, since
+# Spark's offset log keeps only ends: where the batch began, and the options its ranges were planned with. A replay
+# of the batch after a restart reads those ranges again, whatever the current options or the log's start say.
+RESERVED_KEY_PREFIX = "sparkeos:"
 BATCH_START_KEY = "sparkeos:batchStart"
+PLAN_KEY = "sparkeos:plan"
 
 
 def decode_offsets(encoded: dict | None) -> Offsets:
-    return {(topic, int(p)): int(o) for topic, parts in (encoded or {}).items() if topic != BATCH_START_KEY
-            for p, o in parts.items()}
+    return {(topic, int(p)): int(o) for topic, parts in (encoded or {}).items()
+            if not topic.startswith(RESERVED_KEY_PREFIX) for p, o in parts.items()}
 
 
 def batch_start(start: dict, end: dict) -> dict:
     """Where the batch (start, end] Spark hands over really began: see `KafkaStreamReader.latestOffset`."""
     return end.get(BATCH_START_KEY, start)
+
+
+def batch_plan(end: dict) -> dict | None:
+    """The options the batch ending at `end` was split into ranges with; None in an offset log of an older
+    sparkeos, which did not record them."""
+    return end.get(PLAN_KEY)
 
 
 def data_loss_message(what: str) -> str:

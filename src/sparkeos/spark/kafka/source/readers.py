@@ -20,8 +20,10 @@ from pyspark.sql.streaming.datasource import (
 from ..options import SourceOptions
 from .offsets import (
     BATCH_START_KEY,
+    PLAN_KEY,
     DataLossError,
     Offsets,
+    batch_plan,
     batch_start,
     data_loss_message,
     decode_offsets,
@@ -113,11 +115,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         self.last_trigger_ms = time.time() * 1000
         encoded = encode_offsets(end)
-        if start == self._initial:
-            # Spark's offset log keeps only ends. Replaying batch 0 after a restart, Spark begins it at a fresh
-            # initialOffset(), which `latest` or a timestamp puts later than the first time: the records in
-            # between would be lost. The start travels in the end instead, which the log does keep.
-            encoded[BATCH_START_KEY] = start
+        # A replay must read the very ranges the first run read: the sink skips a task whose marker shows the batch,
+        # so a task given another range would lose it or write another again. Spark's offset log keeps only ends,
+        # and a replay would plan from the current options, the previous end (not this batch's begin where lost
+        # offsets were skipped or partitions appeared) and, for batch 0, a fresh initialOffset() that `latest` or a
+        # timestamp puts later than the first time. So the begin and the plan travel in the end.
+        encoded[BATCH_START_KEY] = encode_offsets(begin)
+        encoded[PLAN_KEY] = {"minPartitions": self.options.min_partitions,
+                             "maxRecordsPerPartition": self.options.max_records_per_partition}
         return encoded
 
     def _settle_starts_past_the_target(self, begin: Offsets, target: Offsets) -> None:
@@ -152,9 +157,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         finish = decode_offsets(end)
         new = [p for p in finish if p not in begin]
         if new:
-            # latestOffset checked these for data loss as it planned the batch.
+            # Only in an offset log of an older sparkeos, whose ends carry no begin for new partitions; latestOffset
+            # checked these for data loss as it planned the batch.
             begin.update(self.planner.cluster.earliest(new))
-        return plan_ranges(begin, finish, self.options.min_partitions, self.options.max_records_per_partition)
+        plan = batch_plan(end)
+        if plan is None:
+            return plan_ranges(begin, finish, self.options.min_partitions, self.options.max_records_per_partition)
+        return plan_ranges(begin, finish, plan.get("minPartitions"), plan.get("maxRecordsPerPartition"))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, partition)
