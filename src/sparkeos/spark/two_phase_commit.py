@@ -128,6 +128,11 @@ class DecisionLog(ABC):
     def read(self, batch: int) -> Decision | None:
         """The decision of ``batch``, if one was recorded (and not forgotten)."""
 
+    def read_settled(self, batch: int) -> Decision | None:
+        """``read``, once a ``record`` of ``batch`` that may still be under way (its caller lost the answer) has
+        ended; what an abort reads before it discards handles. Where a record is atomic and immediate, ``read``."""
+        return self.read(batch)
+
     @abstractmethod
     def record(self, decision: Decision) -> None:
         """Make ``decision`` durable, atomically: after a crash it is either wholly there or absent."""
@@ -277,7 +282,8 @@ def _finish(sink: TwoPhaseCommitSink, decisions: DecisionLog, decision: Decision
 
 def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> int:
     """Abort the handles no decision names; returns how many were aborted."""
-    decision = sink.decision_log(query).read(batch)
+    # The commit that failed may have lost the answer to its decision's record, which may still be under way.
+    decision = sink.decision_log(query).read_settled(batch)
     named = {h.id for h in decision.handles} if decision else set()
     aborted = 0
     for handle in handles:

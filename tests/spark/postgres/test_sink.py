@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import time
 import uuid
 from collections import Counter
@@ -13,8 +14,14 @@ from collections import Counter
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from support.postgres import PASSWORD, PASSWORD_USER, PostgresServer, prepared_transactions
-from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique
+from support.postgres import (
+    PASSWORD,
+    PASSWORD_USER,
+    PostgresServer,
+    prepared_transactions,
+    roll_back_prepared_transactions,
+)
+from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -114,6 +121,81 @@ def test_failure_at_each_step_of_the_commit_then_restart_is_exact(spark_postgres
     fail_once(spark_postgres, failpoint, bootstrap, source, postgres.url(), table, checkpoint)
     run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
     assert_exact(postgres, table, 900)
+
+
+def test_a_decided_transaction_rolled_back_by_someone_else_fails_the_query_naming_it(spark_postgres, broker,
+                                                                                      postgres, tmp_path):
+    """The driver died after its decision; before the restart finishes it, something else rolls back the prepared
+    transactions (a DBA's cleanup, a second driver, an abort on another connection). COMMIT PREPARED then answers
+    "does not exist", which a repeated commit also answers: taking it for "committed before" logs the batch as
+    committed with its rows gone."""
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(300)], spread_over=2)
+    table, checkpoint = new_table(), tmp_path / "ck"
+    fail_once(spark_postgres, "2pc.decided", bootstrap, source, postgres.url(), table, checkpoint)
+    rolled_back = roll_back_prepared_transactions(postgres)
+    assert rolled_back, "the decided batch left no prepared transaction"
+    query = start_query(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint)
+    try:
+        with pytest.raises(StreamingQueryException, match=f"{rolled_back[0]}.* was rolled back"):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    left = unfinished_decisions(postgres)
+    assert left, "a decision whose transactions are gone was marked finished"
+    forget_decisions(postgres, {query for query, _batch in left})
+
+
+def test_an_abort_waits_for_a_decision_still_being_recorded(postgres):
+    """The driver's decision INSERT went out and its answer was lost (a cut connection): Spark then calls abort on a
+    new connection while the server still runs that INSERT. Reading "no decision" then and rolling back the
+    batch's transactions would leave a decision that names transactions no longer there."""
+    import threading
+
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.postgres.options import parse_postgres_sink_options
+    from sparkeos.spark.postgres.sink import PostgresSink
+    from sparkeos.spark.two_phase_commit import TaskAttempt, abort_batch
+
+    table = new_table()
+    sink = PostgresSink(parse_postgres_sink_options({"url": postgres.url(), "dbtable": table, "createTable": "true"}),
+                        StructType([StructField("n", LongType())]))
+    sink.prepare()
+    task = TaskAttempt("q-abort", 3, 0, "attempt")
+    transaction = sink.begin_transaction(task)
+    sink.invoke(transaction, pa.record_batch({"n": pa.array([1, 2, 3], pa.int64())}))
+    handle = sink.pre_commit(transaction, task)
+    import psycopg
+
+    with psycopg.connect(postgres.url()) as driver:
+        # The lost INSERT, still running on the server.
+        driver.execute("INSERT INTO sparkeos_decisions (query, batch, handles) VALUES (%s, %s, %s)",
+                       ["q-abort", 3, json.dumps([handle.to_json()])])
+        driver.execute("SELECT 1")  # the INSERT is done; its transaction is open
+        aborted = []
+        abort = threading.Thread(target=lambda: aborted.append(abort_batch(sink, "q-abort", 3, [handle])))
+        abort.start()
+        with postgres.connect() as watcher:
+            waiting = wait_for(lambda: abort.is_alive() and watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0] > 0 or
+                not abort.is_alive(), 30, 0.02, "the abort to wait for the decision or to end")
+            assert waiting and abort.is_alive(), "the abort did not wait for the decision being recorded"
+        driver.commit()
+    abort.join(30)
+    assert aborted == [0]
+    assert prepared_transactions(postgres, handle.data["gid"]) == [handle.data["gid"]]
+    sink.commit(handle)
+    assert rows(postgres, table) == [(1,), (2,), (3,)]
+    forget_decisions(postgres, {"q-abort"})
+
+
+def forget_decisions(server: PostgresServer, queries: set[str]) -> None:
+    """Drop the decisions a test left unfinished on purpose: later tests check that none is left."""
+    with server.connect() as connection:
+        connection.execute("DELETE FROM sparkeos_decisions WHERE query = ANY(%s)", [list(queries)])
 
 
 def replay_last_batch(checkpoint) -> None:

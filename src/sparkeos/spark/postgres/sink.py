@@ -9,6 +9,11 @@ prepared transactions in ``pg_prepared_xacts``; decisions are rows of ``sparkeos
 beside the target table (one INSERT records a decision, so it is whole or absent). The protocol (decisions,
 recovery) is `sparkeos.spark.two_phase_commit`'s.
 
+Each prepared transaction also inserts its gid into ``sparkeos_commits``, so that its outcome can be told apart
+once it is gone from ``pg_prepared_xacts``: a ``COMMIT PREPARED`` answered "does not exist" is a repeated commit
+if the row is there, and a decided transaction that something else rolled back (a DBA, another driver of the
+query) if it is not, which fails the query rather than logging the batch as committed without its rows.
+
 A prepared transaction keeps its row locks until it is resolved, so two things are done by each task before
 it writes, or a task could wait forever for a transaction that only the driver resolves, after that task:
 
@@ -44,12 +49,17 @@ from .types import UnsupportedColumnType, accepts, converter, postgres_type
 GID_PREFIX = "sparkeos-"
 MAX_GID_BYTES = 199  # PostgreSQL's limit is under 200 bytes
 DECISIONS_TABLE = "sparkeos_decisions"
+COMMITS_TABLE = "sparkeos_commits"
 
 log = logging.getLogger("sparkeos.sink")
 
 
 class PostgresSinkError(ValueError):
     """The database or table cannot take the query's rows; the message says why and what to change."""
+
+
+class DecidedTransactionLost(RuntimeError):
+    """A prepared transaction that a decision names was rolled back by something other than the sink."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
     def _decisions_sql(self) -> sql.Composable:
         return sql.Identifier(self.decisions_schema, DECISIONS_TABLE)
 
+    def _commits_sql(self) -> sql.Composable:
+        return sql.Identifier(self.decisions_schema, COMMITS_TABLE)
+
     # --- before the query writes (driver) ---
 
     def prepare(self) -> None:
@@ -164,6 +177,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                     "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, batch bigint NOT NULL, handles jsonb NOT NULL,"
                     " finished boolean NOT NULL DEFAULT false, decided timestamptz NOT NULL DEFAULT now(),"
                     " PRIMARY KEY (query, batch))").format(self._decisions_sql()))
+                connection.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query text NOT NULL, batch bigint NOT NULL)"
+                ).format(self._commits_sql()))
 
     def _create_table(self, connection: psycopg.Connection) -> None:
         definitions = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(postgres_type(c.dataType, c.name)),
@@ -279,6 +295,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             return Handle(self.handle_id(task), task.batch, task.partition, 0, {"gid": None})
         try:
             if self.options.exactly_once:
+                # Committed with the rows, or rolled back with them: the trace of this transaction's outcome.
+                connection.execute(sql.SQL("INSERT INTO {} (gid, query, batch) VALUES (%s, %s, %s)").format(
+                    self._commits_sql()), [transaction.gid, task.query, task.batch])
                 connection.tpc_prepare()
             else:
                 connection.commit()
@@ -355,8 +374,19 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         gid = handle.data.get("gid")
         if not gid or not self.options.exactly_once:
             return
-        # The framework commits only decided handles: one that is no longer prepared was committed before.
-        self._resolve(self._driver_connection(), gid, "COMMIT")
+        connection = self._driver_connection()
+        if self._resolve(connection, gid, "COMMIT"):
+            return
+        # No longer prepared: committed before (a repeated commit after a crash), or rolled back by something else.
+        committed = connection.execute(sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(self._commits_sql()),
+                                       [gid]).fetchone()
+        if committed is None:
+            raise DecidedTransactionLost(
+                f"prepared transaction {gid}, which the decision of batch {handle.batch} names (task "
+                f"{handle.partition}, {handle.records} rows), was rolled back by something other than this sink (a "
+                "ROLLBACK PREPARED by hand, another driver of the same query): its rows are not in the table. The "
+                "batch's decision stays unfinished, so the query fails until it is resolved; see "
+                "docs/postgres-sink.md, \"What is left in the database\"")
 
     def abort(self, query: str, handle_id: str) -> None:
         if self.options.exactly_once:
@@ -375,8 +405,10 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
     def forget(self, query: str) -> None:
         """Drop the finished decisions of a query that will run no more (a batch write)."""
         if self.options.exactly_once:
-            self._driver_connection().execute(sql.SQL("DELETE FROM {} WHERE query = %s AND finished").format(
-                self._decisions_sql()), [query])
+            connection = self._driver_connection()
+            connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND finished").format(self._decisions_sql()),
+                               [query])
+            connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s").format(self._commits_sql()), [query])
 
 
 class PostgresDecisionLog(DecisionLog):
@@ -399,6 +431,18 @@ class PostgresDecisionLog(DecisionLog):
         rows = self._execute("SELECT handles FROM {} WHERE query = %s AND batch = %s", [self.query, batch])
         return self._decision(batch, rows[0][0]) if rows else None
 
+    def read_settled(self, batch: int) -> Decision | None:
+        # An INSERT of the same key waits for one under way in another session (PostgreSQL's unique check), and
+        # finds its row once it committed. The probe's own row, if any, is rolled back: it decides nothing.
+        connection = self.sink.connect(autocommit=False)
+        try:
+            connection.execute(sql.SQL("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, '[]') ON CONFLICT DO "
+                                       "NOTHING").format(self.sink._decisions_sql()), [self.query, batch])
+            connection.rollback()
+        finally:
+            connection.close()
+        return self.read(batch)
+
     def record(self, decision: Decision) -> None:
         self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s)",
                       [self.query, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
@@ -413,6 +457,10 @@ class PostgresDecisionLog(DecisionLog):
 
     def forget_before(self, batch: int) -> None:
         self._execute("DELETE FROM {} WHERE query = %s AND batch < %s AND finished", [self.query, batch])
+        connection = self.connection or self.sink._driver_connection()
+        # Below every batch a replay can reach, whose decisions are forgotten too.
+        connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND batch < %s").format(self.sink._commits_sql()),
+                           [self.query, batch])
 
 
 class NoDecisionLog(DecisionLog):
