@@ -117,11 +117,17 @@ class DirectoryDecisionLog(DecisionLog):
         path = self.directory / f"{batch}.decision"
         return Decision.from_bytes(path.read_bytes()) if path.exists() else None
 
-    def record(self, decision: Decision) -> None:
+    def record(self, decision: Decision) -> Decision:
         self.step("record_decision")
         temporary = self.directory / f"{decision.batch}.tmp"
         temporary.write_bytes(decision.to_bytes())
-        temporary.rename(self.directory / f"{decision.batch}.decision")
+        try:
+            (self.directory / f"{decision.batch}.decision").hardlink_to(temporary)
+        except FileExistsError:
+            return Decision.from_bytes((self.directory / f"{decision.batch}.decision").read_bytes())
+        finally:
+            temporary.unlink()
+        return decision
 
     def unfinished(self) -> list[Decision]:
         self.step("unfinished")

@@ -24,7 +24,8 @@ The driver, in ``commit(messages, B)`` once every task of B succeeded:
 
 4. Recover: finish every decision of Q that is not finished (a crash between steps 5 and 7 left it so).
 5. Decide: if B already has a decision (Spark replays a batch it had not logged as committed when the driver
-   died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``.
+   died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``,
+   unless another driver of Q recorded a decision of B first, which then holds.
 6. Commit every handle of the decision. A commit is idempotent: after a crash it is repeated, and finds done what
    was done.
 7. Mark the decision finished, then abort every transaction of Q the sink still holds for a batch <= B that no
@@ -134,8 +135,10 @@ class DecisionLog(ABC):
         return self.read(batch)
 
     @abstractmethod
-    def record(self, decision: Decision) -> None:
-        """Make ``decision`` durable, atomically: after a crash it is either wholly there or absent."""
+    def record(self, decision: Decision) -> Decision:
+        """Make ``decision`` durable, atomically (after a crash it is either wholly there or absent), unless a
+        decision of its batch is there already; return the one that holds. Two drivers of one query may decide
+        a batch at the same moment: the first decision recorded is the batch's, and is never replaced."""
 
     @abstractmethod
     def unfinished(self) -> list[Decision]:
@@ -258,7 +261,7 @@ def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list
     if decision is None:
         decision = Decision(query, batch, tuple(sorted(handles, key=lambda h: h.partition)))
         if handles:  # a batch without rows has nothing to publish, and its replay has none either
-            decisions.record(decision)
+            decision = decisions.record(decision)
     # 6. and 7. Commit every handle, mark the decision finished, abort the rest.
     if decision.handles:
         failpoints.fire("2pc.decided")

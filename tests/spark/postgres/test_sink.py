@@ -192,6 +192,31 @@ def test_an_abort_waits_for_a_decision_still_being_recorded(postgres):
     forget_decisions(postgres, {"q-abort"})
 
 
+def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(postgres):
+    """Two drivers of one query can decide a batch at the same moment: the first decision holds for both, never
+    an error for the second (whose retry would then find the batch decided by someone else's handles anyway)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.postgres.options import parse_postgres_sink_options
+    from sparkeos.spark.postgres.sink import PostgresSink
+    from sparkeos.spark.two_phase_commit import Decision, Handle
+
+    options = parse_postgres_sink_options({"url": postgres.url(), "dbtable": new_table(), "createTable": "true"})
+    drivers = [PostgresSink(options, StructType([StructField("n", LongType())])) for _ in range(6)]
+    drivers[0].prepare()
+    query = f"q-race-{uuid.uuid4().hex[:6]}"
+    for batch in range(3):
+        decisions = [Decision(query, batch, (Handle(f"{batch}-0-{n}", batch, 0, 10),)) for n in range(len(drivers))]
+        with ThreadPoolExecutor(len(drivers)) as pool:
+            held = list(pool.map(lambda pair: pair[0].decision_log(query).record(pair[1]),
+                                 zip(drivers, decisions, strict=True)))
+        assert held[0] in decisions and held == [held[0]] * len(drivers)
+        assert drivers[0].decision_log(query).read(batch) == held[0]
+    forget_decisions(postgres, {query})
+
+
 def forget_decisions(server: PostgresServer, queries: set[str]) -> None:
     """Drop the decisions a test left unfinished on purpose: later tests check that none is left."""
     with server.connect() as connection:

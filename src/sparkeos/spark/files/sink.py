@@ -18,6 +18,7 @@ The protocol (decisions, recovery) is `sparkeos.spark.two_phase_commit`'s.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import uuid
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ from .. import failpoints
 from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
 from .formats import FormatWriter, file_extension
 from .options import FileSinkOptions
+from .s3 import S3ConditionalWriter
 
 CONTROL_DIR = "_sparkeos"
 STAGED_SUFFIX = ".inprogress"
@@ -235,7 +237,31 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return found
 
     def decision_log(self, query: str) -> DecisionLog:
-        return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions")
+        return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions", dict(self.options.s3))
+
+
+def _create_local_file_exclusively(path: str, data: bytes) -> bool:
+    """Write ``path`` whole unless it exists; whether this call created it. The bytes go to a temporary file that
+    is synced and then linked to ``path`` (link, unlike rename, fails if the name exists), so the name never
+    shows a partial file, and a decision survives a power cut once recorded."""
+    directory = os.path.dirname(path)
+    temporary = os.path.join(directory, f".{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
+    with open(temporary, "wb") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return True
 
 
 def quote_name(name: str) -> str:
@@ -251,12 +277,20 @@ class FileSinkCommitError(RuntimeError):
 
 
 class FileDecisionLog(DecisionLog):
-    """Decisions as files beside the staging area: ``<batch>.decision`` (written under a temporary name and moved,
-    so it is whole or absent; a single PUT on S3) and an empty ``<batch>.finished`` once its files are published."""
+    """Decisions as files beside the staging area: ``<batch>.decision`` and an empty ``<batch>.finished`` once its
+    files are published.
 
-    def __init__(self, fs: pafs.FileSystem, directory: str):
+    A decision is created, never replaced, so that two drivers of one query (a driver retried by the cluster manager
+    while the old one runs on, a copied checkpoint) agree on one decision per batch: locally a complete, synced
+    temporary file is linked to its name, which fails if the name exists; on S3 a conditional PUT (If-None-Match)
+    creates it only if no object is there. Either way it is whole or absent. Other file systems have no exclusive
+    create that pyarrow reaches: there the decision is checked for and then moved into place, which two drivers
+    deciding one batch at the same moment can race."""
+
+    def __init__(self, fs: pafs.FileSystem, directory: str, s3: dict[str, str] | None = None):
         self.fs = fs
         self.directory = directory
+        self.s3 = s3 or {}
 
     def _path(self, batch: int, kind: str) -> str:
         return f"{self.directory}/{batch}.{kind}"
@@ -268,15 +302,26 @@ class FileDecisionLog(DecisionLog):
         except FileNotFoundError:
             return None
 
-    def record(self, decision: Decision) -> None:
+    def record(self, decision: Decision) -> Decision:
         self.fs.create_dir(self.directory, recursive=True)
         final = self._path(decision.batch, "decision")
-        if self.fs.type_name == "s3":
-            self._write(final, decision.to_bytes())
-            return
-        temporary = f"{self.directory}/.{decision.batch}.decision-{uuid.uuid4().hex[:8]}"
-        self._write(temporary, decision.to_bytes())
-        self.fs.move(temporary, final)
+        data = decision.to_bytes()
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            created = _create_local_file_exclusively(final, data)
+        elif self.fs.type_name == "s3":
+            created = S3ConditionalWriter(self.s3).put_if_absent(final, data)
+        else:
+            created = self.read(decision.batch) is None
+            if created:
+                temporary = f"{self.directory}/.{decision.batch}.decision-{uuid.uuid4().hex[:8]}"
+                self._write(temporary, data)
+                self.fs.move(temporary, final)
+        if created:
+            return decision
+        held = self.read(decision.batch)
+        if held is None:
+            raise FileSinkCommitError(f"the decision {final} exists, yet cannot be read")
+        return held
 
     def _write(self, path: str, data: bytes) -> None:
         with self.fs.open_output_stream(path) as stream:

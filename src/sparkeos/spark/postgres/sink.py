@@ -443,9 +443,18 @@ class PostgresDecisionLog(DecisionLog):
             connection.close()
         return self.read(batch)
 
-    def record(self, decision: Decision) -> None:
-        self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s)",
-                      [self.query, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
+    def record(self, decision: Decision) -> Decision:
+        # The primary key makes the first decision of a batch the only one; a second driver's INSERT waits for an
+        # INSERT of the same key under way, then finds its row.
+        inserted = self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING "
+                                 "RETURNING batch",
+                                 [self.query, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
+        if inserted:
+            return decision
+        held = self.read(decision.batch)
+        if held is None:  # deleted in between by hand: nothing holds, so this one is recorded after all
+            return self.record(decision)
+        return held
 
     def unfinished(self) -> list[Decision]:
         rows = self._execute("SELECT batch, handles FROM {} WHERE query = %s AND NOT finished ORDER BY batch",
@@ -469,8 +478,8 @@ class NoDecisionLog(DecisionLog):
     def read(self, batch: int) -> Decision | None:
         return None
 
-    def record(self, decision: Decision) -> None:
-        pass
+    def record(self, decision: Decision) -> Decision:
+        return decision
 
     def unfinished(self) -> list[Decision]:
         return []
