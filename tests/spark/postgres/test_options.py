@@ -1,4 +1,4 @@
-"""Options and type mapping of the `sparkeos.postgres` sink, without Spark or a server."""
+"""Options and type mapping of the `sparkeos.postgres` sink, without Spark; and the upsert keys' index on a real server."""
 
 from __future__ import annotations
 
@@ -52,3 +52,35 @@ def test_types_created_and_accepted():
 
     with pytest.raises(UnsupportedColumnType, match="column 'span' has type interval day to second"):
         postgres_type(DayTimeIntervalType(), "span")
+
+
+@pytest.mark.parametrize(("index", "usable"), [
+    ("PRIMARY KEY (b, a)", True),
+    ("UNIQUE (a, b) INCLUDE (c)", True),
+    ("UNIQUE (a)", False),
+    ("UNIQUE (a, b, c)", False),
+    ("UNIQUE (a, b) DEFERRABLE", False),
+    (None, False),
+])
+def test_upsert_keys_need_a_unique_index_postgres_can_take_as_the_arbiter(postgres, index, usable):
+    """ON CONFLICT (a, b) infers its arbiter from a unique index on exactly (a, b), in any order, that is immediate
+    and has no predicate; anything else fails the query before it writes, naming the keys and the indexes found."""
+    import uuid
+
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.postgres.options import parse_postgres_sink_options
+    from sparkeos.spark.postgres.sink import PostgresSink, PostgresSinkError
+
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    with postgres.connect() as connection:
+        connection.execute(f"CREATE TABLE {table} (a bigint, b bigint, c bigint{', ' + index if index else ''})")
+    schema = StructType([StructField(name, LongType()) for name in "abc"])
+    sink = PostgresSink(parse_postgres_sink_options({"url": postgres.url(), "dbtable": table, "upsertKeys": "a,b"}),
+                        schema)
+    if usable:
+        sink.prepare()
+    else:
+        with pytest.raises(PostgresSinkError, match=r"upsertKeys \(a, b\) cannot be used with table .*the table's "
+                                                    "unique indexes: "):
+            sink.prepare()

@@ -273,6 +273,43 @@ def write(frame, url: str, table: str, **options) -> None:
     writer.save()
 
 
+def test_an_upserting_query_commits_its_prepared_transactions_while_ddl_waits_for_them(spark_postgres, broker,
+                                                                                       postgres, tmp_path):
+    """The driver died after deciding a batch whose prepared transactions hold the table; an ALTER TABLE now waits
+    for them, and every later lock request on the table queues behind it. The restart's commit must not take such
+    a lock (it once ran EXPLAIN INSERT to check the upsert keys, at every batch), or the transactions that only that
+    commit resolves, the DDL and the commit wait for each other for ever."""
+    import threading
+
+    import psycopg
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(n) for n in range(300)], spread_over=2)
+    table, checkpoint = new_table(), tmp_path / "ck"
+    options = {"upsertKeys": "n", "max_offsets": 300}
+    url = no_waiting(postgres.url())
+    fail_once(spark_postgres, "2pc.decided", bootstrap, source, url, table, checkpoint, **options)
+    assert prepared_transactions(postgres)
+    altered = threading.Event()
+
+    def alter() -> None:
+        with psycopg.connect(postgres.url(), autocommit=True) as connection:
+            connection.execute(f"ALTER TABLE {table} ADD COLUMN note text")
+        altered.set()
+
+    ddl = threading.Thread(target=alter, daemon=True)
+    ddl.start()
+    with postgres.connect() as watcher:
+        wait_for(lambda: watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                                         "query LIKE 'ALTER TABLE%'").fetchone()[0] == 1, 30, 0.05,
+                 "the ALTER TABLE to wait for the prepared transactions")
+    run_to_end(spark_postgres, bootstrap, source, url, table, checkpoint, **options)
+    ddl.join(60)
+    assert altered.is_set(), "the ALTER TABLE never ran"
+    assert_exact(postgres, table, 300)
+
+
 def test_bad_input_fails_with_a_clear_message_and_commits_nothing(spark_postgres, postgres):
     frame = spark_postgres.range(0, 10).selectExpr("id AS n", "cast(id AS string) AS text")
     bad_password = postgres.url(user=PASSWORD_USER, password="wrong-" + PASSWORD)

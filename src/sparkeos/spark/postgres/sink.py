@@ -171,7 +171,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                                          ).fetchone()[0]
             self.columns = self._check_columns(connection, oid)
             if self.options.upsert_keys:
-                self._check_upsert(connection)
+                self._check_upsert(connection, oid)
             if self.options.exactly_once:
                 connection.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, batch bigint NOT NULL, handles jsonb NOT NULL,"
@@ -211,14 +211,24 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                                     f"the table's columns: {', '.join(f'{n} {t}' for n, (_, t) in found.items())}")
         return columns
 
-    def _check_upsert(self, connection: psycopg.Connection) -> None:
-        try:
-            with connection.transaction(force_rollback=True):
-                connection.execute(sql.SQL("EXPLAIN ") + self._upsert_sql(), [None] * len(self.columns))
-        except psycopg.Error as error:
+    def _check_upsert(self, connection: psycopg.Connection, oid: int) -> None:
+        """``ON CONFLICT (keys)`` needs a unique index on exactly the keys that PostgreSQL can infer as its arbiter:
+        immediate (not a deferrable constraint), without a predicate or expressions, valid. Read from the catalog,
+        which takes no lock on the table: this runs on the driver before each batch's commit, when the batch's
+        prepared transactions may hold the table and DDL wait for them, and any lock on the table would queue
+        behind that DDL."""
+        indexes = connection.execute(
+            "SELECT i.indexrelid::regclass::text, array(SELECT a.attname::text FROM unnest((i.indkey::int2[])"
+            "[0:i.indnkeyatts - 1]) AS k(attnum) JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = "
+            "k.attnum) FROM pg_index i WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indisvalid "
+            "AND i.indpred IS NULL AND i.indexprs IS NULL", [oid]).fetchall()
+        keys = set(self.options.upsert_keys)
+        if not any(set(columns) == keys and len(columns) == len(keys) for _name, columns in indexes):
+            found = "; ".join(f"{name} on ({', '.join(columns)})" for name, columns in indexes) or "none"
             raise PostgresSinkError(f"upsertKeys ({', '.join(self.options.upsert_keys)}) cannot be used with table "
-                                    f"{self.table}: {str(error).strip()} (the keys need a primary key or unique "
-                                    "index on exactly these columns)") from error
+                                    f"{self.table}: the keys need a primary key or unique index on exactly these "
+                                    f"columns, not deferrable and without a WHERE clause (the table's unique "
+                                    f"indexes: {found})")
 
     def _upsert_sql(self) -> sql.Composed:
         names = [c.name for c in self.columns]
