@@ -1,4 +1,5 @@
-"""Options and type mapping of the `sparkeos.postgres` sink, without Spark; and the upsert keys' index on a real server."""
+"""Options and type mapping of the `sparkeos.postgres` sink, without Spark; the upsert keys' index on a real
+server."""
 
 from __future__ import annotations
 
