@@ -345,12 +345,27 @@ def test_a_server_that_cannot_prepare_transactions_is_refused_naming_the_setting
     with PostgresServer(max_prepared_transactions=0) as server:
         table = new_table()
         with pytest.raises(Exception, match="max_prepared_transactions = 0.*restart PostgreSQL with "
-                                            "max_prepared_transactions at least the number of the query's tasks"):
+                                            "max_prepared_transactions at least the number of a batch's tasks"):
             write(frame, server.url(), table, createTable="true")
         with server.connect() as connection:
             assert connection.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None
         write(frame, server.url(), table, createTable="true", deliveryGuarantee="at_least_once")
         assert sorted(n for (n,) in rows(server, table)) == list(range(10))
+
+
+def test_a_batch_with_more_tasks_than_prepared_transaction_slots_fails_naming_the_setting(spark_postgres):
+    """Every task with rows keeps its prepared transaction until the driver commits the batch, after the last task:
+    the slots must cover a batch's tasks, not only those running at once (two here, with four to prepare)."""
+    frame = spark_postgres.range(0, 40, numPartitions=4).selectExpr("id AS n")
+    with PostgresServer(max_prepared_transactions=2) as server:
+        table = new_table()
+        with pytest.raises(Exception, match=r"no prepared transaction left \(max_prepared_transactions = 2\).*one "
+                                            "prepared transaction per task with rows"):
+            write(frame, server.url(), table, createTable="true")
+        assert rows(server, table) == []
+        assert prepared_transactions(server) == []
+        write(frame.coalesce(2), server.url(), table, createTable="true")
+        assert sorted(n for (n,) in rows(server, table)) == list(range(40))
 
 
 def test_every_mapped_type_round_trips_through_a_created_table(spark_postgres, postgres):

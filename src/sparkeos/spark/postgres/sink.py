@@ -154,9 +154,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                     raise PostgresSinkError(
                         f"PostgreSQL ({describe_url(self.options.url)}) has max_prepared_transactions = 0, so it "
                         "cannot prepare transactions, which deliveryGuarantee exactly_once needs: restart PostgreSQL "
-                        "with max_prepared_transactions at least the number of the query's tasks that run at once "
-                        "(e.g. in postgresql.conf, or -c max_prepared_transactions=64), or use deliveryGuarantee "
-                        "at_least_once")
+                        "with max_prepared_transactions at least the number of a batch's tasks with rows, the sink's "
+                        "input partitions (e.g. in postgresql.conf, or -c max_prepared_transactions=64), or use "
+                        "deliveryGuarantee at_least_once")
             if self.table.schema is None:
                 self.decisions_schema = connection.execute("SELECT current_schema()").fetchone()[0]
             oid = connection.execute("SELECT to_regclass(%s)::oid", [self._table_sql().as_string(connection)]
@@ -308,13 +308,35 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                 # Committed with the rows, or rolled back with them: the trace of this transaction's outcome.
                 connection.execute(sql.SQL("INSERT INTO {} (gid, query, batch) VALUES (%s, %s, %s)").format(
                     self._commits_sql()), [transaction.gid, task.query, task.batch])
-                connection.tpc_prepare()
+                self._prepare(connection)
             else:
                 connection.commit()
         finally:
             connection.close()
         return Handle(self.handle_id(task), task.batch, task.partition, transaction.records,
                       {"gid": transaction.gid})
+
+    def _prepare(self, connection: psycopg.Connection) -> None:
+        try:
+            connection.tpc_prepare()
+        except errors.OutOfMemory as error:  # SQLSTATE 53200, which PostgreSQL also gives when no slot is left
+            if "prepared transactions" not in str(error):
+                raise
+            limit = connection.info.parameter_status("max_prepared_transactions")
+            limit = limit if limit is not None else self._setting("max_prepared_transactions")
+            raise PostgresSinkError(
+                f"PostgreSQL ({describe_url(self.options.url)}) has no prepared transaction left "
+                f"(max_prepared_transactions = {limit}): a batch holds one prepared transaction per task with rows "
+                "until the driver commits it after its last task, so the setting must be at least the number of "
+                "the sink's input partitions, plus what other clients prepare meanwhile. Restart PostgreSQL with a "
+                "larger max_prepared_transactions, or give the sink fewer partitions (coalesce)") from error
+
+    def _setting(self, name: str) -> str:
+        try:
+            with self.connect() as connection:
+                return connection.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]
+        except (psycopg.Error, PostgresSinkError):
+            return "unknown"
 
     def abort_transaction(self, transaction: TaskTransaction) -> None:
         connection = transaction.connection
