@@ -99,7 +99,7 @@ def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_an
     outcomes = []
     for attempt in range(TRIES):
         transactional_id = unique("restart")
-        writer = _TransactionalWriter(options, transactional_id, partitions)
+        writer = _TransactionalWriter(options, transactional_id, "query", partitions)
         commit_sink_batch(writer, 0)  # the producer now knows its group coordinator
         restart = restart_later(broker_process)
         started = time.monotonic()
@@ -118,7 +118,7 @@ def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_an
         writer.close()
         assert time.monotonic() - closing < 15, "closing the producer waited for its blocked call"
 
-        successor = _TransactionalWriter(options, transactional_id, partitions)
+        successor = _TransactionalWriter(options, transactional_id, "query", partitions)
         try:
             assert successor.last_committed_batch("query") == 0
             commit_sink_batch(successor, 1)

@@ -11,16 +11,18 @@ against the expected multiset: nothing lost, nothing twice, no aborted record.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
-from sparkeos.spark.kafka.sink.markers import MARKER_PARTITIONS
+from sparkeos.spark.kafka.sink.markers import MARKER_PARTITIONS, marker_key
 from sparkeos.verify import READ_UNCOMMITTED, assert_exactly_once, end_offsets, read_values
 from support.crash import (
     Driver,
@@ -52,8 +54,10 @@ class Kill:
     output_records: int
 
 
-def marker_batches(bootstrap: str, prefix: str, partitions: int) -> dict[str, int]:
-    """The last batch each transactional id of the sink committed (its marker group offset minus one)."""
+def marker_batches(bootstrap: str, prefix: str, partitions: int, checkpoint: Path) -> dict[str, int]:
+    """The last batch each transactional id of the sink committed for the checkpoint's query (its marker group
+    offset minus one)."""
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
     found = {}
     for partition in range(partitions):
         transactional_id = f"{prefix}-{partition}"
@@ -62,7 +66,7 @@ def marker_batches(bootstrap: str, prefix: str, partitions: int) -> dict[str, in
         consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
-                "group.id": transactional_id,
+                "group.id": marker_key(transactional_id, query_id),
                 "isolation.level": "read_uncommitted",
                 "enable.auto.commit": False,
             }
@@ -110,7 +114,7 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
             # (a run killed in start-up leaves the previous run's batch in flight without having touched it).
             advanced = (planned_batches(checkpoint), committed_batches(checkpoint)) != logs_before
             in_flight = batch_in_flight(checkpoint) if advanced else None
-            markers = marker_batches(bootstrap, prefix, SOURCE_PARTITIONS)
+            markers = marker_batches(bootstrap, prefix, SOURCE_PARTITIONS, checkpoint)
             kills.append(
                 Kill(
                     cycle,

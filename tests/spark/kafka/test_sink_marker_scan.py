@@ -21,11 +21,11 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
     options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
                                   "commitMarkerTopic": f"{topic_name}-markers"})
     partitions = prepare_exactly_once(options)
-    ours = _TransactionalWriter(options, "scan-ours", partitions)
+    ours = _TransactionalWriter(options, "scan-ours", "query", partitions)
     # An id whose markers share our marker partition: its records and commit markers sit between ours.
     other_id = next(f"scan-other-{i}" for i in range(1000)
                     if marker_partition(f"scan-other-{i}", partitions) == ours.marker.partition)
-    other = _TransactionalWriter(options, other_id, partitions)
+    other = _TransactionalWriter(options, other_id, "query", partitions)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     try:
         for batch in (3, 4, 7):
@@ -34,13 +34,13 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
             _commit_batch(other, batch + 200)
         assert ours.last_committed_batch("query") == 7  # from the group offset
         assert other.last_committed_batch("query") == 207
-        for group in ("scan-ours", other_id):
+        for group in (ours.marker_key, other.marker_key):
             admin.delete_consumer_groups([group])[group].result(30)
         assert ours.consumer.committed([ours.marker], timeout=30)[0].offset < 0
         # From the marker records now: ours sit between the other id's records and everyone's commit markers.
         assert ours.last_committed_batch("query") == 7
         assert other.last_committed_batch("query") == 207
-        fresh = _TransactionalWriter(options, "scan-never-committed", partitions)
+        fresh = _TransactionalWriter(options, "scan-never-committed", "query", partitions)
         try:
             assert fresh.last_committed_batch("query") is None
         finally:
@@ -52,21 +52,36 @@ def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_c
 
 def test_markers_of_another_query_under_the_same_id_are_not_this_querys(broker, topic_name):
     """A transactionalIdPrefix reused with a new checkpoint: the old query's batch numbers say nothing of the
-    new query's, whether they are read from the group offset or from the marker records."""
+    new query's, whether they are read from the group offset or from the marker records. And the new query's
+    commits must not hide the old query's markers: not its group offset, and not its marker records once Kafka
+    compacts the topic, keeping the newest record per key (simulated by deleting every record: the old query's
+    markers are what compaction would drop, whatever the new query left)."""
     options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
                                   "commitMarkerTopic": f"{topic_name}-markers"})
     partitions = prepare_exactly_once(options)
-    writer = _TransactionalWriter(options, "reused", partitions)
+    old = _TransactionalWriter(options, "reused", "old", partitions)
     try:
         for batch in (3, 7):
-            _commit_batch(writer, batch, query_id="old")
-        assert writer.last_committed_batch("old") == 7
-        assert writer.last_committed_batch("new") is None
-        _commit_batch(writer, 0, query_id="new")
-        assert writer.last_committed_batch("new") == 0  # the group offset is the new query's now
-        assert writer.last_committed_batch("old") == 7  # from its marker records
+            _commit_batch(old, batch, query_id="old")
+        assert old.last_committed_batch("old") == 7
     finally:
-        writer.close()
+        old.close()
+    new = _TransactionalWriter(options, "reused", "new", partitions)  # fences the old query's producer
+    try:
+        assert new.last_committed_batch("new") is None
+        _commit_batch(new, 0, query_id="new")
+        assert new.last_committed_batch("new") == 0
+    finally:
+        new.close()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    ends = [TopicPartition(f"{topic_name}-markers", p, -1) for p in range(partitions)]  # -1: the high watermark
+    for future in admin.delete_records(ends).values():
+        future.result(30)
+    old = _TransactionalWriter(options, "reused", "old", partitions)
+    try:
+        assert old.last_committed_batch("old") == 7
+    finally:
+        old.close()
 
 
 def _sink_options(bootstrap: str, marker_topic: str):
@@ -109,14 +124,14 @@ def _writer_after_the_marker_topic_grew(bootstrap: str, topic_name: str) -> tupl
     admin.create_topics([NewTopic(marker_topic, 2, config={"cleanup.policy": "compact"})])[marker_topic].result(30)
     options = _sink_options(bootstrap, marker_topic)
     tid = next(t for t in (f"moved-{i}" for i in range(1000)) if marker_partition(t, 2) != marker_partition(t, 5))
-    before = _TransactionalWriter(options, tid, prepare_exactly_once(options))
+    before = _TransactionalWriter(options, tid, "query", prepare_exactly_once(options))
     try:
         for batch in (3, 4):
             _commit_batch(before, batch)
     finally:
         before.close()
     admin.create_partitions([NewPartitions(marker_topic, 5)])[marker_topic].result(30)
-    after = _TransactionalWriter(options, tid, 5)
+    after = _TransactionalWriter(options, tid, "query", 5)
     assert after.marker.partition != marker_partition(tid, 2)
     return admin, after
 
@@ -142,7 +157,7 @@ def test_the_last_commit_is_found_in_the_marker_records_after_partitions_were_ad
         everywhere = [TopicPartition(after.marker.topic, p) for p in range(5)]
 
         def expire_offsets() -> None:
-            admin.delete_consumer_groups([after.transactional_id])[after.transactional_id].result(30)
+            admin.delete_consumer_groups([after.marker_key])[after.marker_key].result(30)
             assert all(c.offset < 0 for c in after.consumer.committed(everywhere, timeout=30))
 
         expire_offsets()
@@ -159,7 +174,7 @@ def test_a_commit_sends_what_lingers_at_once(broker, topic_name):
     a commit, even with a linger far past the test's bound."""
     options = parse_sink_options({"kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic_name,
                                   "commitMarkerTopic": f"{topic_name}-markers", "kafka.linger.ms": "10000"})
-    writer = _TransactionalWriter(options, "lingering", prepare_exactly_once(options))
+    writer = _TransactionalWriter(options, "lingering", "query", prepare_exactly_once(options))
     try:
         started = time.monotonic()
         _commit_batch(writer, 0)

@@ -1,8 +1,8 @@
 """The commit markers of the exactly-once sink (steps 2 to 4 of the protocol in `protocol`): the marker topic, the
 marker partition of a transactional.id, and reading back the last batch an id committed for a query.
 
-A marker is the offset B+1 of group T on T's marker partition, and a record keyed T in the marker topic; the
-group offset is read first, the records when it is missing or another query's.
+A marker of query Q is the offset B+1 of group ``T/Q`` on T's marker partition, and a record keyed ``T/Q`` in the
+marker topic; the group offset is read first, the records when it is missing or another query's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,15 @@ MARKER_SCAN_BATCH = 1000
 MARKER_SCAN_POLL_S = 0.005
 
 
+def marker_key(transactional_id: str, query_id: str | None) -> str:
+    """The name of T's markers for query Q: the group of its marker offsets and the key of its marker records.
+    Named by the query as well as T: a transactionalIdPrefix reused by another query (a new checkpoint) writes under
+    the same T, and with T alone the other query's commits would take over the group offset, and Kafka's compaction,
+    which keeps the newest record per key, would drop this query's marker records. A batch write (no query) has a
+    transactional id of its own."""
+    return f"{transactional_id}/{query_id}" if query_id else transactional_id
+
+
 def marker_partition(transactional_id: str, marker_partitions: int) -> int:
     """The marker topic partition that holds `transactional_id`'s markers: fixed for the id."""
     return zlib.crc32(transactional_id.encode()) % marker_partitions
@@ -46,16 +55,19 @@ _scan_clusters: ClientCache[KafkaCluster] = ClientCache(8, lambda _cluster: None
 
 
 class MarkerReader:
-    """The markers of one transactional.id T: its marker partition, and the last batch T committed for a query."""
+    """The markers of one transactional.id T for one query Q: T's marker partition, and the last batch T committed
+    for Q."""
 
-    def __init__(self, options: SinkOptions, transactional_id: str, marker_partitions: int):
+    def __init__(self, options: SinkOptions, transactional_id: str, query_id: str | None, marker_partitions: int):
         self.options = options
         self.transactional_id = transactional_id
+        self.query_id = query_id
+        self.marker_key = marker_key(transactional_id, query_id)
         self.marker = TopicPartition(options.marker_topic, marker_partition(transactional_id, marker_partitions))
         self.marker_partitions = marker_partitions
         consumer_config = connection_config(options.producer_config())
         consumer_config.update({
-            "group.id": transactional_id, "isolation.level": "read_committed", "enable.auto.commit": "false",
+            "group.id": self.marker_key, "isolation.level": "read_committed", "enable.auto.commit": "false",
             "enable.partition.eof": "true", "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": "10",  # scans read only what exists, as the source's readers do
         })
@@ -136,7 +148,8 @@ class MarkerReader:
         ends = {tp: end for tp, (_, end) in ranges.items()}
         position = {tp: start for tp, (start, _) in ranges.items()}
         idle_since = time.monotonic()
-        key = self.transactional_id.encode()
+        # Markers written before they were keyed by query are keyed T; their query_id field tells whose they are.
+        keys = {self.marker_key.encode(), self.transactional_id.encode()}
         try:
             while ends:
                 # consume() returns early only with num_messages in hand, and control records never count: asking
@@ -155,7 +168,7 @@ class MarkerReader:
                     error = message.error()
                     if error is None:
                         position[tp] = message.offset() + 1
-                        if message.key() == key and message.offset() < ends[tp]:
+                        if message.key() in keys and message.offset() < ends[tp]:
                             yield json.loads(message.value())
                         finished = position[tp] >= ends[tp]
                     elif error.code() == KafkaError._PARTITION_EOF:

@@ -13,14 +13,17 @@ Protocol
    ``transactionalIdPrefix``, else ``sparkeos-<query id>``; Spark keeps the query id in the checkpoint,
    so a restarted query reuses its ids and two queries never share one.
 2. A durable commit marker "T has committed batch B of query Q" is written in the same Kafka transaction as
-   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T`` on partition
+   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T/Q`` on partition
    ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
-   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T`` in
+   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T/Q`` in
    ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
-   expire records is refused at query start). Group offsets expire after ``offsets.retention.minutes``
-   of an idle group; the record does not, and is read when the group offset is missing. Both are read
-   on every marker partition and the newest wins (batches only grow), so partitions added to the
-   marker topic, which move T's home partition, cannot hide T's last commit.
+   expire records is refused at query start). Both are named by Q as well as T, so that another query
+   writing under T (a reused prefix) neither takes over the group offset nor, once Kafka compacts the
+   topic, replaces Q's marker record; markers written before they were named by Q are keyed ``T``.
+   Group offsets expire after ``offsets.retention.minutes`` of an idle group; the record does not, and
+   is read when the group offset is missing. Both are read on every marker partition and the newest
+   wins (batches only grow), so partitions added to the marker topic, which move T's home partition,
+   cannot hide T's last commit.
 3. A task gets its Python worker's producer for T; a new one calls ``init_transactions``, which fences
    every older producer of T and aborts T's open transaction, if any. It then reads the marker. If the
    marker of Q is >= B, (B, p) is already committed: the task consumes its input and writes nothing
@@ -113,11 +116,11 @@ READ_AHEAD_BYTES = 64 * 1024 * 1024
 class _TransactionalWriter(MarkerReader):
     """One transactional.id's producer and marker reader, cached per Python worker."""
 
-    def __init__(self, options: SinkOptions, transactional_id: str, marker_partitions: int):
+    def __init__(self, options: SinkOptions, transactional_id: str, query_id: str | None, marker_partitions: int):
         config = options.producer_config()
         config["transactional.id"] = transactional_id
         self.producer = Producer(config)
-        super().__init__(options, transactional_id, marker_partitions)
+        super().__init__(options, transactional_id, query_id, marker_partitions)
         self.stuck = False  # a producer call never returned: the producer must not be closed
         self.last_commit: tuple[str | None, int] | None = None  # (query, batch) of this producer's last commit
         # A coordinator lookup before the producer reached a known broker could wait out a retry timer of
@@ -174,7 +177,7 @@ class _TransactionalWriter(MarkerReader):
         marker = {"transactional_id": self.transactional_id, "batch": batch, "records": records, "query_id": query_id,
                   "digest": digest.hex}
         # The data may have filled the producer's queue: wait for room, as for the records themselves.
-        produce(self.producer, {"topic": self.marker.topic, "key": self.transactional_id.encode(),
+        produce(self.producer, {"topic": self.marker.topic, "key": self.marker_key.encode(),
                                 "value": json.dumps(marker).encode(), "partition": self.marker.partition})
         failpoints.fire("sink.before_commit")
         committing = time.monotonic()
@@ -207,11 +210,11 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     """Steps 3 and 4 of the protocol for one task. `one_write_id`: the id of a batch write, used by this write
     only; its marker is the group offset alone, and its producer is closed afterwards."""
     partition = TaskContext.get().partitionId()
-    key = (transactional_id, json.dumps(options.producer_config(), sort_keys=True))
+    key = (transactional_id, query_id, json.dumps(options.producer_config(), sort_keys=True))
     scan_records = not one_write_id
 
     def create() -> _TransactionalWriter:
-        return _TransactionalWriter(options, transactional_id, marker_partitions)
+        return _TransactionalWriter(options, transactional_id, query_id, marker_partitions)
 
     def put_back(writer: _TransactionalWriter) -> None:
         _writers.release(writer)
