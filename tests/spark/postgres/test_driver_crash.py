@@ -81,12 +81,13 @@ class Table:
         """batch -> finished, of the query's decisions."""
         if self.query is None or not self._exists(DECISIONS_TABLE):
             return {}
-        return dict(self.connection.execute(f"SELECT batch, finished FROM {DECISIONS_TABLE} WHERE query = %s",
-                                            [self.query]).fetchall())
+        # The sink names a query's decisions and transactions "<query id>.<table>" (PostgresSink.scoped).
+        return dict(self.connection.execute(f"SELECT batch, finished FROM {DECISIONS_TABLE} WHERE "
+                                            "starts_with(query, %s)", [f"{self.query}."]).fetchall())
 
     def prepared(self) -> list[str]:
         """The query's prepared transactions (pg_prepared_xacts), by global id."""
-        return prepared_transactions(self.server, f"sparkeos-{self.query}-") if self.query else []
+        return prepared_transactions(self.server, f"sparkeos-{self.query}.") if self.query else []
 
     def close(self) -> None:
         self.connection.close()

@@ -59,7 +59,7 @@ def test_query_under_network_faults_table_stays_exact(postgres, tmp_path):
         query = next(line.split()[-1] for line in pipeline.driver.output().splitlines()
                      if line.startswith(RUNNING_PREFIX))
         # Failed attempts roll back what they prepared, or the driver's commit of a later batch does.
-        wait_for(lambda: not prepared_transactions(postgres, f"sparkeos-{query}-"), timeout_s=30,
+        wait_for(lambda: not prepared_transactions(postgres, f"sparkeos-{query}."), timeout_s=30,
                  what="no prepared transaction of the query left")
     with postgres.connect() as connection:
         rows = connection.execute(f"SELECT text FROM {table}").fetchall()

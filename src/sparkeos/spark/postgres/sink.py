@@ -28,6 +28,7 @@ With ``deliveryGuarantee`` at_least_once a task commits its own transaction and 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -102,6 +103,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         self.table = options.table
         self.columns: list[Column] = []
         self.decisions_schema = options.table.schema or "public"
+        self.target = ""  # set by prepare(): a short name of the database and table written
         self._connection: psycopg.Connection | None = None
 
     def __getstate__(self) -> dict:
@@ -159,6 +161,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                         "deliveryGuarantee at_least_once")
             if self.table.schema is None:
                 self.decisions_schema = connection.execute("SELECT current_schema()").fetchone()[0]
+            database = connection.execute("SELECT current_database()").fetchone()[0]
+            self.target = hashlib.sha256(f"{database}\0{self.decisions_schema}\0{self.table.name}".encode()
+                                         ).hexdigest()[:8]
             oid = connection.execute("SELECT to_regclass(%s)::oid", [self._table_sql().as_string(connection)]
                                      ).fetchone()[0]
             if oid is None:
@@ -242,11 +247,17 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
 
     # --- executor side ---
 
+    def scoped(self, query: str) -> str:
+        """The name under which query ``query`` keeps its decisions and transactions for this table: one query id
+        can write more than one table (a copied checkpoint, a query pointed at another table), whose batches must
+        not be taken for each other's."""
+        return f"{query}.{self.target}"
+
     def handle_id(self, task: TaskAttempt) -> str:
         return f"{task.handle_id}-{self.run}"
 
     def gid(self, query: str, handle_id: str) -> str:
-        gid = f"{GID_PREFIX}{query}-{handle_id}"
+        gid = f"{GID_PREFIX}{self.scoped(query)}-{handle_id}"
         if len(gid.encode()) > MAX_GID_BYTES:
             raise PostgresSinkError(f"transaction id {gid!r} is longer than PostgreSQL's {MAX_GID_BYTES} bytes")
         return gid
@@ -307,7 +318,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             if self.options.exactly_once:
                 # Committed with the rows, or rolled back with them: the trace of this transaction's outcome.
                 connection.execute(sql.SQL("INSERT INTO {} (gid, query, batch) VALUES (%s, %s, %s)").format(
-                    self._commits_sql()), [transaction.gid, task.query, task.batch])
+                    self._commits_sql()), [transaction.gid, self.scoped(task.query), task.batch])
                 self._prepare(connection)
             else:
                 connection.commit()
@@ -376,7 +387,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
     # --- driver side ---
 
     def _pending(self, connection: psycopg.Connection, query: str) -> list[tuple[str, int]]:
-        prefix = f"{GID_PREFIX}{query}-"
+        prefix = f"{GID_PREFIX}{self.scoped(query)}-"
         found = []
         for (gid,) in connection.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                                          "AND starts_with(gid, %s)", [prefix]):
@@ -439,16 +450,19 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         if self.options.exactly_once:
             connection = self._driver_connection()
             connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND finished").format(self._decisions_sql()),
-                               [query])
-            connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s").format(self._commits_sql()), [query])
+                               [self.scoped(query)])
+            connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s").format(self._commits_sql()),
+                               [self.scoped(query)])
 
 
 class PostgresDecisionLog(DecisionLog):
-    """One row per decision in ``sparkeos_decisions``: (query, batch, handles, finished)."""
+    """One row per decision in ``sparkeos_decisions``: (query, batch, handles, finished), the query named for the
+    table (``PostgresSink.scoped``)."""
 
     def __init__(self, sink: PostgresSink, query: str, connection: psycopg.Connection | None = None):
         self.sink = sink
         self.query = query
+        self.key = sink.scoped(query)
         self.connection = connection
 
     def _execute(self, statement: str, parameters: list) -> list[tuple]:
@@ -460,7 +474,7 @@ class PostgresDecisionLog(DecisionLog):
         return Decision(self.query, batch, tuple(Handle.from_json(h) for h in handles))
 
     def read(self, batch: int) -> Decision | None:
-        rows = self._execute("SELECT handles FROM {} WHERE query = %s AND batch = %s", [self.query, batch])
+        rows = self._execute("SELECT handles FROM {} WHERE query = %s AND batch = %s", [self.key, batch])
         return self._decision(batch, rows[0][0]) if rows else None
 
     def read_settled(self, batch: int) -> Decision | None:
@@ -469,7 +483,7 @@ class PostgresDecisionLog(DecisionLog):
         connection = self.sink.connect(autocommit=False)
         try:
             connection.execute(sql.SQL("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, '[]') ON CONFLICT DO "
-                                       "NOTHING").format(self.sink._decisions_sql()), [self.query, batch])
+                                       "NOTHING").format(self.sink._decisions_sql()), [self.key, batch])
             connection.rollback()
         finally:
             connection.close()
@@ -480,7 +494,7 @@ class PostgresDecisionLog(DecisionLog):
         # INSERT of the same key under way, then finds its row.
         inserted = self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING "
                                  "RETURNING batch",
-                                 [self.query, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
+                                 [self.key, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
         if inserted:
             return decision
         held = self.read(decision.batch)
@@ -490,18 +504,18 @@ class PostgresDecisionLog(DecisionLog):
 
     def unfinished(self) -> list[Decision]:
         rows = self._execute("SELECT batch, handles FROM {} WHERE query = %s AND NOT finished ORDER BY batch",
-                             [self.query])
+                             [self.key])
         return [self._decision(batch, handles) for batch, handles in rows]
 
     def finish(self, batch: int) -> None:
-        self._execute("UPDATE {} SET finished = true WHERE query = %s AND batch = %s", [self.query, batch])
+        self._execute("UPDATE {} SET finished = true WHERE query = %s AND batch = %s", [self.key, batch])
 
     def forget_before(self, batch: int) -> None:
-        self._execute("DELETE FROM {} WHERE query = %s AND batch < %s AND finished", [self.query, batch])
+        self._execute("DELETE FROM {} WHERE query = %s AND batch < %s AND finished", [self.key, batch])
         connection = self.connection or self.sink._driver_connection()
         # Below every batch a replay can reach, whose decisions are forgotten too.
         connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND batch < %s").format(self.sink._commits_sql()),
-                           [self.query, batch])
+                           [self.key, batch])
 
 
 class NoDecisionLog(DecisionLog):
