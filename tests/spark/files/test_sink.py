@@ -319,3 +319,28 @@ def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(tmp_pat
                                  zip(drivers, decisions, strict=True)))
         assert held[0] in decisions and held == [held[0]] * len(drivers)
         assert drivers[0].decision_log("q").read(batch) == held[0]
+
+
+def test_on_s3_a_large_file_is_published_by_a_copy_in_parts(spark, tmp_path, s3_server):
+    """S3 refuses a single CopyObject above 5 GiB, and a decided batch whose copy is refused stays half published
+    for good: large files are copied in parts (UploadPartCopy), which S3 marks in the ETag ("<md5>-<parts>")."""
+    import boto3
+
+    from sparkeos.spark.files.sink import file_system
+
+    path = "s3a://sink-bucket/large"
+    frame = spark.range(0, 200_000, numPartitions=1).selectExpr("id AS n", "sha2(cast(id AS string), 256) AS text")
+    writer = frame.write.format("sparkeos.files").mode("append").option("compression", "none")
+    for key, value in s3_server.items():
+        writer = writer.option(key, value)
+    writer.save(path)
+    fs, base = file_system(path, s3_server)
+    published = [info for info in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                 if info.type == pafs.FileType.File and info.path.endswith(".parquet")]
+    assert len(published) == 1 and published[0].size > 8 * 1024 * 1024
+    client = boto3.client("s3", endpoint_url=s3_server["fs.s3a.endpoint"], region_name="us-east-1",
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    bucket, _, key = published[0].path.partition("/")
+    assert "-" in client.head_object(Bucket=bucket, Key=key)["ETag"], "published by a single CopyObject"
+    assert Counter(ds.dataset(base, filesystem=fs, format="parquet").to_table()["n"].to_pylist()) == Counter(
+        range(200_000))

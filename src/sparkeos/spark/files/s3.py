@@ -1,8 +1,11 @@
-"""What the file sink needs of S3 beyond pyarrow's file system: writing an object only if none is there.
+"""What the file sink needs of S3 beyond pyarrow's file system: writing an object only if none is there, and
+copying an object of any size.
 
 pyarrow has no conditional write; S3's ``PutObject`` with ``If-None-Match: *`` (and S3-compatible stores that
-honour it) creates an object only where none exists, atomically. The client takes Hadoop's ``fs.s3a.*`` settings,
-as the sink's pyarrow file system does.
+honour it) creates an object only where none exists, atomically. pyarrow copies with one ``CopyObject``, which S3
+refuses above 5 GiB; boto3's managed copy copies large objects in parts (``UploadPartCopy``), and the object
+appears whole when the upload completes. The client takes Hadoop's ``fs.s3a.*`` settings, as the sink's pyarrow
+file system does.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
-class S3ConditionalWriter:
+class S3Client:
     def __init__(self, settings: Mapping[str, str]):
         # Imported here: boto3 takes a noticeable while to import, and only drivers writing to S3 need it.
         import boto3
@@ -43,3 +46,10 @@ class S3ConditionalWriter:
                 return False
             raise
         return True
+
+    def copy(self, source: str, target: str) -> None:
+        """Copy the object at ``source`` to ``target`` (both ``bucket/key``): in parts above boto3's multipart
+        threshold, whole below it. Repeatable: a copy done again writes the same bytes under the same name."""
+        source_bucket, _, source_key = source.partition("/")
+        bucket, _, key = target.partition("/")
+        self.client.copy({"Bucket": source_bucket, "Key": source_key}, bucket, key)

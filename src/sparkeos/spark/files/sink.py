@@ -32,7 +32,7 @@ from .. import failpoints
 from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
 from .formats import FormatWriter, file_extension
 from .options import FileSinkOptions
-from .s3 import S3ConditionalWriter
+from .s3 import S3Client
 
 CONTROL_DIR = "_sparkeos"
 STAGED_SUFFIX = ".inprogress"
@@ -95,9 +95,11 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
     def __init__(self, options: FileSinkOptions):
         self.options = options
         self._fs: tuple[pafs.FileSystem, str] | None = None
+        self._s3_client: S3Client | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None}  # file system clients do not travel; each process opens its own
+        # File system clients do not travel; each process opens its own.
+        return {**self.__dict__, "_fs": None, "_s3_client": None}
 
     @property
     def fs(self) -> pafs.FileSystem:
@@ -106,6 +108,11 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
     @property
     def root(self) -> str:
         return self._resolved()[1]
+
+    def _s3(self) -> S3Client:
+        if self._s3_client is None:
+            self._s3_client = S3Client(dict(self.options.s3))
+        return self._s3_client
 
     def _resolved(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
@@ -217,7 +224,9 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
             self.fs.create_dir(parent, recursive=True)
         if self.fs.type_name == "s3":
             # S3 has no rename: an object copied under its final name appears whole, and the copy can be repeated.
-            self.fs.copy_file(staged, final)
+            # In parts when large: a single CopyObject is refused above 5 GiB, which would leave a decided batch
+            # half published for good.
+            self._s3().copy(staged, final)
             self.fs.delete_file(staged)
         else:
             self.fs.move(staged, final)
@@ -309,7 +318,7 @@ class FileDecisionLog(DecisionLog):
         if isinstance(self.fs, pafs.LocalFileSystem):
             created = _create_local_file_exclusively(final, data)
         elif self.fs.type_name == "s3":
-            created = S3ConditionalWriter(self.s3).put_if_absent(final, data)
+            created = S3Client(self.s3).put_if_absent(final, data)
         else:
             created = self.read(decision.batch) is None
             if created:
