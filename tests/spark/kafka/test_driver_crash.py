@@ -54,9 +54,9 @@ class Kill:
     output_records: int
 
 
-def marker_batches(bootstrap: str, prefix: str, partitions: int, checkpoint: Path) -> dict[str, int]:
-    """The last batch each transactional id of the sink committed for the checkpoint's query (its marker group
-    offset minus one)."""
+def marker_batches(bootstrap: str, prefix: str, partitions: int, checkpoint: Path, sink: str) -> dict[str, int]:
+    """The last batch each transactional id of the sink committed for the checkpoint's query writing to topic
+    `sink` (its marker group offset minus one)."""
     query_id = json.loads((checkpoint / "metadata").read_text())["id"]
     found = {}
     for partition in range(partitions):
@@ -66,7 +66,7 @@ def marker_batches(bootstrap: str, prefix: str, partitions: int, checkpoint: Pat
         consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
-                "group.id": marker_key(transactional_id, query_id),
+                "group.id": marker_key(transactional_id, query_id, sink),
                 "isolation.level": "read_uncommitted",
                 "enable.auto.commit": False,
             }
@@ -114,7 +114,7 @@ def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_
             # (a run killed in start-up leaves the previous run's batch in flight without having touched it).
             advanced = (planned_batches(checkpoint), committed_batches(checkpoint)) != logs_before
             in_flight = batch_in_flight(checkpoint) if advanced else None
-            markers = marker_batches(bootstrap, prefix, SOURCE_PARTITIONS, checkpoint)
+            markers = marker_batches(bootstrap, prefix, SOURCE_PARTITIONS, checkpoint, sink)
             kills.append(
                 Kill(
                     cycle,

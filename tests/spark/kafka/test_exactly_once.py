@@ -226,6 +226,29 @@ def _key_hashing_to(spark, partition: int, partitions: int) -> int:
                 if spark.range(1).select(F.pmod(F.hash(F.lit(k)), F.lit(partitions))).first()[0] == partition)
 
 
+def test_one_query_writing_two_topics_keeps_their_markers_apart(spark, broker, tmp_path):
+    """A copied checkpoint, or one query id pointed at another topic, runs the same batch numbers of the same query
+    for another target: the first topic's markers must not make the second topic's tasks skip their batches."""
+    import shutil
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    first, second = create_topic(bootstrap, unique("out")), create_topic(bootstrap, unique("copy"))
+    produce(bootstrap, source, [str(i) for i in range(300)], spread_over=2)
+    checkpoint, prefix = tmp_path / "ck", unique("eos")
+    for target, location in ((first, checkpoint), (first, checkpoint), (second, tmp_path / "copy")):
+        query = start_pipeline(spark, bootstrap, source, target, str(location), transactionalIdPrefix=prefix)
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        if not (tmp_path / "copy").exists():
+            shutil.copytree(checkpoint, tmp_path / "copy")
+            produce(bootstrap, source, [str(i) for i in range(300, 600)], spread_over=2)
+    assert_exactly_once(expected_output(600), read_values(bootstrap, first))
+    assert_exactly_once(Counter(f"{i}!".encode() for i in range(300, 600)), read_values(bootstrap, second))
+
+
 def test_marker_record_survives_when_group_offsets_are_gone(spark, broker, tmp_path):
     """Group offsets expire after offsets.retention.minutes; the marker record in the compacted topic must
     still stop a replay. Deleting the marker groups' offsets simulates the expiry."""

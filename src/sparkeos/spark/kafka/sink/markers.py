@@ -1,8 +1,9 @@
 """The commit markers of the exactly-once sink (steps 2 to 4 of the protocol in `protocol`): the marker topic, the
 marker partition of a transactional.id, and reading back the last batch an id committed for a query.
 
-A marker of query Q is the offset B+1 of group ``T/Q`` on T's marker partition, and a record keyed ``T/Q`` in the
-marker topic; the group offset is read first, the records when it is missing or another query's.
+A marker of query Q (writing to the sink's ``topic``) is the offset B+1 of group ``T/Q/topic`` on T's marker
+partition, and a record keyed ``T/Q/topic`` in the marker topic; the group offset is read first, the records when
+it is missing or another query's.
 """
 
 from __future__ import annotations
@@ -33,13 +34,19 @@ MARKER_SCAN_BATCH = 1000
 MARKER_SCAN_POLL_S = 0.005
 
 
-def marker_key(transactional_id: str, query_id: str | None) -> str:
-    """The name of T's markers for query Q: the group of its marker offsets and the key of its marker records.
+def marker_key(transactional_id: str, query_id: str | None, topic: str | None = None) -> str:
+    """The name of T's markers for query Q writing to ``topic`` (the sink's option): the group of its marker
+    offsets and the key of its marker records.
+
     Named by the query as well as T: a transactionalIdPrefix reused by another query (a new checkpoint) writes under
     the same T, and with T alone the other query's commits would take over the group offset, and Kafka's compaction,
-    which keeps the newest record per key, would drop this query's marker records. A batch write (no query) has a
-    transactional id of its own."""
-    return f"{transactional_id}/{query_id}" if query_id else transactional_id
+    which keeps the newest record per key, would drop this query's marker records. Named by the topic too: a copied
+    checkpoint, or a query pointed at another topic, runs the same batches of the same query again for another
+    target, whose batches must not be taken for committed by the first target's markers. A batch write (no query)
+    has a transactional id of its own."""
+    if not query_id:
+        return transactional_id
+    return f"{transactional_id}/{query_id}" + (f"/{topic}" if topic else "")
 
 
 def marker_partition(transactional_id: str, marker_partitions: int) -> int:
@@ -62,7 +69,7 @@ class MarkerReader:
         self.options = options
         self.transactional_id = transactional_id
         self.query_id = query_id
-        self.marker_key = marker_key(transactional_id, query_id)
+        self.marker_key = marker_key(transactional_id, query_id, options.topic)
         self.marker = TopicPartition(options.marker_topic, marker_partition(transactional_id, marker_partitions))
         self.marker_partitions = marker_partitions
         consumer_config = connection_config(options.producer_config())

@@ -13,13 +13,15 @@ Protocol
    ``transactionalIdPrefix``, else ``sparkeos-<query id>``; Spark keeps the query id in the checkpoint,
    so a restarted query reuses its ids and two queries never share one.
 2. A durable commit marker "T has committed batch B of query Q" is written in the same Kafka transaction as
-   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T/Q`` on partition
-   ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
-   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T/Q`` in
+   the records of (B, p), in two forms: the offset B+1, with metadata Q, of group ``T/Q/topic`` on
+   partition ``(commitMarkerTopic, crc32(T) mod n)`` (``send_offsets_to_transaction``; read back with
+   require_stable, so a pending commit is waited for, never missed), and a record keyed ``T/Q/topic`` in
    ``commitMarkerTopic``, a compacted topic without time retention (an existing topic that would
-   expire records is refused at query start). Both are named by Q as well as T, so that another query
-   writing under T (a reused prefix) neither takes over the group offset nor, once Kafka compacts the
-   topic, replaces Q's marker record; markers written before they were named by Q are keyed ``T``.
+   expire records is refused at query start). Both are named by Q and the sink's ``topic`` option as
+   well as T, so that another query writing under T (a reused prefix) neither takes over the group
+   offset nor, once Kafka compacts the topic, replaces Q's marker record, and so that Q writing another
+   topic (a copied checkpoint) does not take that topic's batches for committed; markers written before
+   they were named so are keyed ``T``.
    Group offsets expire after ``offsets.retention.minutes`` of an idle group; the record does not, and
    is read when the group offset is missing. Both are read on every marker partition and the newest
    wins (batches only grow), so partitions added to the marker topic, which move T's home partition,
