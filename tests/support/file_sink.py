@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 CONTROL_DIR = "_sparkeos"
-# part-<batch>-<partition>-<query id>.<extension>, in a k=<value> directory
-PUBLISHED_NAME = re.compile(r"^part-(\d+)-(\d+)-(.+?)\.(parquet|json)$")
+# part-<batch>-<partition>-<query id>.c<n>.<extension>, in a k=<value> directory
+PUBLISHED_NAME = re.compile(r"^part-(\d+)-(\d+)-(.+?)\.c(\d{3,})\.(parquet|json)$")
 PARQUET_MAGIC = b"PAR1"
 MAX_PROBLEMS = 20
 

@@ -344,3 +344,22 @@ def test_on_s3_a_large_file_is_published_by_a_copy_in_parts(spark, tmp_path, s3_
     assert "-" in client.head_object(Bucket=bucket, Key=key)["ETag"], "published by a single CopyObject"
     assert Counter(ds.dataset(base, filesystem=fs, format="parquet").to_table()["n"].to_pylist()) == Counter(
         range(200_000))
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "json"])
+def test_max_records_per_file_rolls_a_tasks_output_into_numbered_files(spark, tmp_path, file_format):
+    """As Spark's maxRecordsPerFile: a task starts a new file once one holds that many records, per partitionBy
+    directory, and the files are numbered c000, c001... in their names."""
+    path = tmp_path / "out"
+    frame = spark.range(0, 1000, numPartitions=1).selectExpr("id AS n", "id % 2 AS k")
+    (frame.write.format("sparkeos.files").mode("append").option("format", file_format)
+     .option("partitionBy", "k").option("maxRecordsPerFile", "150").save(str(path)))
+    for k in (0, 1):
+        files = sorted(p.name for p in (path / f"k={k}").iterdir())
+        assert [name.split(".")[1] for name in files] == ["c000", "c001", "c002", "c003"], files
+        sizes = [len(ds.dataset(str(path / f"k={k}" / name), format=file_format).to_table()) for name in files]
+        assert sizes == [150, 150, 150, 50]
+    table = ds.dataset(str(path), format=file_format, partitioning="hive").to_table()
+    assert Counter(table["n"].to_pylist()) == Counter(range(1000))
+    with pytest.raises(Exception, match="option 'maxRecordsPerFile' must be a whole number"):
+        frame.write.format("sparkeos.files").mode("append").option("maxRecordsPerFile", "many").save(str(path))

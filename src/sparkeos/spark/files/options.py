@@ -17,7 +17,7 @@ PARQUET_CODECS = {"none": None, "uncompressed": None, "snappy": "snappy", "gzip"
                   "zstd": "zstd", "brotli": "brotli"}
 STREAM_CODECS = {"none": None, "uncompressed": None, "gzip": "gzip", "bzip2": "bz2", "zstd": "zstd", "lz4": "lz4"}
 DEFAULT_CODEC = {"parquet": "snappy", "json": "none", "csv": "none"}
-OPTIONS = ("path", "format", "compression", "partitionBy", "header")
+OPTIONS = ("path", "format", "compression", "partitionBy", "header", "maxRecordsPerFile")
 # Hadoop's S3A names, as Spark users set them, for S3 and S3-compatible stores; without them pyarrow finds
 # credentials and the region the AWS way (environment, ~/.aws, instance metadata).
 S3_OPTIONS = ("fs.s3a.endpoint", "fs.s3a.endpoint.region", "fs.s3a.access.key", "fs.s3a.secret.key",
@@ -37,6 +37,7 @@ class FileSinkOptions:
     partition_by: tuple[str, ...]
     header: bool
     s3: tuple[tuple[str, str], ...] = ()
+    max_records_per_file: int = 0  # Spark's: 0 or less is no limit
 
 
 def parse_file_sink_options(raw: Mapping[str, str]) -> FileSinkOptions:
@@ -72,8 +73,12 @@ def parse_file_sink_options(raw: Mapping[str, str]) -> FileSinkOptions:
     ssl = dict(s3).get("fs.s3a.connection.ssl.enabled", "true").strip().lower()
     if ssl not in ("true", "false"):
         raise FileSinkOptionError(f"option 'fs.s3a.connection.ssl.enabled' must be true or false, not {ssl!r}")
+    max_records = options.get("maxrecordsperfile", "0").strip()
+    if not max_records.lstrip("-").isdigit():
+        raise FileSinkOptionError(f"option 'maxRecordsPerFile' must be a whole number (0 or less for no limit), not "
+                                  f"{options['maxrecordsperfile']!r}")
     return FileSinkOptions(path, file_format, codecs[compression], _partition_columns(options.get("partitionby")),
-                           header == "true", s3)
+                           header == "true", s3, max(int(max_records), 0))
 
 
 def _partition_columns(text: str | None) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 
 Layout of ``path``::
 
-    path/k=v/part-<batch>-<partition>-<query>.parquet      published files (Hive-style directories with partitionBy)
+    path/k=v/part-<batch>-<partition>-<query>.c<n>.parquet  published files (Hive-style directories with partitionBy;
+                                                            n counts a task's files in a directory: maxRecordsPerFile)
     path/_sparkeos/<query>/staging/<batch>-<partition>-<attempt>/<n>.inprogress     pre-committed, invisible
     path/_sparkeos/<query>/decisions/<batch>.decision, <batch>.finished           the decision log
 
@@ -81,12 +82,13 @@ def escape_partition_value(value) -> str:
 
 @dataclass
 class StagedFiles:
-    """A task attempt's transaction: its open files, one per partitionBy directory."""
+    """A task attempt's transaction: its open file per partitionBy directory, and every file it staged."""
 
     task: TaskAttempt
     directory: str
-    writers: dict[str, FormatWriter] = field(default_factory=dict)
-    staged: dict[str, str] = field(default_factory=dict)  # partition directory -> staged file
+    writers: dict[str, FormatWriter] = field(default_factory=dict)  # partition directory -> its open file
+    staged: dict[str, list[str]] = field(default_factory=dict)  # partition directory -> its staged files, in order
+    closed_records: int = 0  # in files closed because they were full
 
 
 class FileSink(TwoPhaseCommitSink[StagedFiles]):
@@ -151,15 +153,25 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return StagedFiles(task, directory)
 
     def invoke(self, transaction: StagedFiles, rows: pa.RecordBatch) -> None:
+        limit = self.options.max_records_per_file
         for partition_dir, part in self._split(rows):
-            writer = transaction.writers.get(partition_dir)
-            if writer is None:
-                staged = f"{transaction.directory}/{len(transaction.staged)}{STAGED_SUFFIX}"
-                writer = FormatWriter(self.fs.open_output_stream(staged), part.schema, self.options.format,
-                                      self.options.codec, self.options.header)
-                transaction.writers[partition_dir] = writer
-                transaction.staged[partition_dir] = staged
-            writer.write(part)
+            written = 0
+            while written < part.num_rows:
+                writer = transaction.writers.get(partition_dir)
+                if writer is not None and limit and writer.records >= limit:
+                    writer.close()  # full: staged whole, and the task goes on in a new file
+                    transaction.closed_records += writer.records
+                    writer = None
+                if writer is None:
+                    files = transaction.staged.setdefault(partition_dir, [])
+                    staged = f"{transaction.directory}/{sum(map(len, transaction.staged.values()))}{STAGED_SUFFIX}"
+                    writer = FormatWriter(self.fs.open_output_stream(staged), part.schema, self.options.format,
+                                          self.options.codec, self.options.header)
+                    transaction.writers[partition_dir] = writer
+                    files.append(staged)
+                take = part.num_rows - written if not limit else min(limit - writer.records, part.num_rows - written)
+                writer.write(part.slice(written, take))
+                written += take
 
     def _split(self, rows: pa.RecordBatch) -> Iterable[tuple[str, pa.RecordBatch]]:
         columns = self.options.partition_by
@@ -178,16 +190,17 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return parts
 
     def pre_commit(self, transaction: StagedFiles, task: TaskAttempt) -> Handle:
-        records = 0
+        records = transaction.closed_records
         for writer in transaction.writers.values():
             writer.close()  # the bytes are in the staged file; nothing is visible yet
             records += writer.records
         name = f"part-{task.batch:05d}-{task.partition:05d}-{task.query}"
         extension = file_extension(self.options.format, self.options.codec)
         files = []
-        for partition_dir, staged in sorted(transaction.staged.items()):
-            final = f"{partition_dir}/{name}{extension}" if partition_dir else f"{name}{extension}"
-            files.append([self._relative(staged), final])
+        for partition_dir, staged_files in sorted(transaction.staged.items()):
+            for number, staged in enumerate(staged_files):
+                final = f"{name}.c{number:03d}{extension}"
+                files.append([self._relative(staged), f"{partition_dir}/{final}" if partition_dir else final])
         return Handle(task.handle_id, task.batch, task.partition, records, {"files": files})
 
     def abort_transaction(self, transaction: StagedFiles) -> None:
