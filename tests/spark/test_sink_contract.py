@@ -121,3 +121,67 @@ def test_a_streaming_task_without_spark_query_or_batch_id_fails_naming_it(spark,
     with pytest.raises(Exception, match=f"no streaming {missing}") as failed:
         _write_in_a_plain_task(spark, writer, properties)
     assert "Spark" in str(failed.value)
+
+
+def test_a_batch_write_that_failed_after_its_decision_is_published_whole_and_a_rerun_adds_nothing(spark, tmp_path):
+    """df.write into sparkeos.files failed between publishing its two tasks' files: the decision is final, so the
+    write is completed as decided before the error reaches the caller, never left half published; and the same
+    write run again under its writeId adds nothing."""
+    from support.spark import arm_failpoint, clear_failpoints, fired
+
+    path = tmp_path / "out"
+    frame = spark.range(0, 100, numPartitions=2).selectExpr("id AS n")
+
+    def write() -> None:
+        frame.write.format("sparkeos.files").mode("append").option("writeId", "nightly-2026-11-28").save(str(path))
+
+    clear_failpoints()
+    arm_failpoint("2pc.between_commits")
+    try:
+        with pytest.raises(Exception, match="failpoint"):
+            write()
+        assert fired("2pc.between_commits")
+    finally:
+        clear_failpoints()
+    import pyarrow.dataset as ds
+
+    def numbers() -> list[int]:
+        return sorted(ds.dataset(str(path), format="parquet").to_table()["n"].to_pylist())
+
+    assert numbers() == list(range(100)), "the failed write was left half published"
+    write()
+    assert numbers() == list(range(100)), "the write run again under its writeId added rows"
+
+
+@pytest.mark.parametrize("sink", ["kafka", "postgres"])
+def test_a_batch_write_run_again_under_its_write_id_adds_nothing(spark, broker, request, tmp_path, sink):
+    from support.spark import create_topic
+
+    frame = spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value", "id AS n")
+    if sink == "kafka":
+        from sparkeos.verify import read_values
+
+        topic = create_topic(broker.bootstrap_servers, unique("out"))
+        writer = (frame.select("value").write.format("sparkeos.kafka").mode("append")
+                  .option("kafka.bootstrap.servers", broker.bootstrap_servers).option("topic", topic))
+
+        def written() -> list[str]:
+            return sorted(v.decode() for v in read_values(broker.bootstrap_servers, topic))
+    else:
+        from sparkeos.spark.postgres.datasource import PostgresDataSource
+
+        postgres = request.getfixturevalue("postgres")
+        spark.dataSource.register(PostgresDataSource)
+        table = f"t_{uuid.uuid4().hex[:10]}"
+        writer = (frame.select("n").write.format("sparkeos.postgres").mode("append").option("url", postgres.url())
+                  .option("dbtable", table).option("createTable", "true"))
+
+        def written() -> list[str]:
+            with postgres.connect() as connection:
+                return sorted(str(n) for (n,) in connection.execute(f"SELECT n FROM {table}"))
+    for _ in range(2):
+        writer.option("writeId", "load-42").save()
+    assert written() == sorted(str(i) for i in range(100))
+    with pytest.raises(Exception, match="option 'writeId' applies to batch writes"):
+        (spark.readStream.format("rate").load().writeStream.format(f"sparkeos.{sink}").option("writeId", "x")
+         .option("checkpointLocation", str(tmp_path / "ck")).start().processAllAvailable())

@@ -23,6 +23,26 @@ class OptionError(ValueError):
     """A data source option is missing, unknown, malformed or contradicts another one."""
 
 
+WRITE_ID_OPTION = "writeId"
+
+
+def batch_write_id(raw: Mapping[str, str], what: str, streaming: bool) -> str | None:
+    """The sinks' ``writeId``: the name of one batch write (``df.write``), so that the same write run again, after it
+    failed or its driver died, finishes what the first run decided and writes nothing twice. A streaming query's
+    checkpoint names its writes already."""
+    value = next((str(v) for k, v in raw.items() if k.lower() == WRITE_ID_OPTION.lower()), None)
+    if value is None:
+        return None
+    if streaming:
+        raise OptionError(f"option '{WRITE_ID_OPTION}' applies to batch writes (df.write) of the {what} sink: a "
+                          "streaming query's checkpoint names its writes")
+    value = value.strip()
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
+        raise OptionError(f"option '{WRITE_ID_OPTION}' must be 1 to 64 letters, digits, '.', '_' or '-', not "
+                          f"{value!r}")
+    return value
+
+
 class CaseInsensitiveOptions:
     """Case-insensitive view of Spark's options for a data source.
 

@@ -41,7 +41,10 @@ its commit log, which Spark writes only after ``commit(messages, B)`` returned, 
 What it needs from a sink: pre-committed work that survives the task and the driver (a file, a prepared database
 transaction), a commit and an abort that can be repeated, and a decision log whose ``record`` is atomic.
 
-Batch writes (``df.write``) run the same protocol with B = 0 and Q a write id drawn once per write.
+Batch writes (``df.write``) run the same protocol with B = 0 and Q ``write-<id>``, the id the option ``writeId``
+names or one drawn once per write. A write has no later batch to finish a decision it failed after: its ``abort``
+finishes it (steps 4-7), so a failed write is never left half published. Run again under the same ``writeId``, a
+write finds its decision and publishes nothing more.
 """
 
 from __future__ import annotations
@@ -378,12 +381,13 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
 
 class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
     """Spark's batch writer (``df.write``) for a :class:`TwoPhaseCommitSink`: one write is one batch, numbered 0,
-    of a query named by a write id drawn on the driver."""
+    of a query named by the user's ``writeId``, or by a write id drawn on the driver."""
 
-    def __init__(self, sink: TwoPhaseCommitSink):
+    def __init__(self, sink: TwoPhaseCommitSink, write_id: str | None = None):
         report_level()
         self.sink = sink
-        self.query = f"write-{uuid.uuid4().hex[:16]}"
+        self.write_id = write_id
+        self.query = f"write-{write_id or uuid.uuid4().hex[:16]}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
         with cyclic_gc_paused():
@@ -399,4 +403,12 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list) -> None:
         aborted = abort_batch(self.sink, self.query, 0, _handles(messages))
         metric_events.sink_batch(self.sink.format_name, self.query, 0, "aborted", aborted=aborted)
-        report(logging.WARNING, f"write {self.query} aborted by Spark: {aborted} pre-committed transactions aborted")
+        # No later batch will finish a decision this write failed after, nor abort what its failed and cancelled
+        # tasks left (Spark's messages do not name them): steps 4-7 for the write, now.
+        decision = commit_batch(self.sink, self.query, 0, [])
+        if decision.handles:
+            report(logging.WARNING, f"write {self.query} failed after its decision: published as decided "
+                                    f"({len(decision.handles)} transactions), though Spark reports the write failed")
+        else:
+            report(logging.WARNING, f"write {self.query} aborted by Spark: {aborted} pre-committed transactions "
+                                    "aborted, nothing published")

@@ -6,6 +6,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..gc_pause import freeze_planner_worker_once
+from ..options import batch_write_id
 from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
 from .options import check_input_schema, parse_file_sink_options
 from .sink import FileSink
@@ -30,9 +31,11 @@ class FilesDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise ValueError("the sparkeos.files sink adds files to its directory; use mode('append'), not overwrite")
-        return TwoPhaseCommitBatchWriter(self._sink(schema))
+        write_id = batch_write_id(self.options, self.name(), streaming=False)
+        return TwoPhaseCommitBatchWriter(self._sink(schema), write_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
         refuse_complete_mode(self.name(), overwrite)
+        batch_write_id(self.options, self.name(), streaming=True)
         freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))

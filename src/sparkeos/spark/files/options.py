@@ -17,7 +17,7 @@ PARQUET_CODECS = {"none": None, "uncompressed": None, "snappy": "snappy", "gzip"
                   "zstd": "zstd", "brotli": "brotli"}
 STREAM_CODECS = {"none": None, "uncompressed": None, "gzip": "gzip", "bzip2": "bz2", "zstd": "zstd", "lz4": "lz4"}
 DEFAULT_CODEC = {"parquet": "snappy", "json": "none", "csv": "none"}
-OPTIONS = ("path", "format", "compression", "partitionBy", "header", "maxRecordsPerFile")
+OPTIONS = ("path", "format", "compression", "partitionBy", "header", "maxRecordsPerFile", "writeId")
 # Hadoop's S3A names, as Spark users set them, for S3 and S3-compatible stores; without them pyarrow finds
 # credentials and the region the AWS way (environment, ~/.aws, instance metadata).
 S3_OPTIONS = ("fs.s3a.endpoint", "fs.s3a.endpoint.region", "fs.s3a.access.key", "fs.s3a.secret.key",

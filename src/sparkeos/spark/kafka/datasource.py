@@ -6,6 +6,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from ..gc_pause import freeze_planner_worker_once
+from ..options import batch_write_id
 from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink.startup_checks import prepare_exactly_once, validate_input_schema
 from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
@@ -36,12 +37,14 @@ class KafkaDataSource(DataSource):
         if overwrite:
             raise ValueError("the sparkeos.kafka sink appends to Kafka topics; use mode('append'), not overwrite")
         options = parse_sink_options(self.options)
+        write_id = batch_write_id(self.options, self.name(), streaming=False)
         validate_input_schema(schema, options)
         marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
-        return KafkaBatchWriter(options, marker_partitions)
+        return KafkaBatchWriter(options, marker_partitions, write_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
         freeze_planner_worker_once()
+        batch_write_id(self.options, self.name(), streaming=True)
         options = parse_sink_options(self.options)
         validate_input_schema(schema, options)
         marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0

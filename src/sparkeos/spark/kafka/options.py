@@ -183,6 +183,7 @@ BATCH_ONLY_SOURCE_OPTIONS = set(ENDING_OPTIONS)
 STREAM_ONLY_SOURCE_OPTIONS = {"maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"}
 SINK_OPTIONS = {
     "kafka.bootstrap.servers", "topic", "deliveryGuarantee", "transactionalIdPrefix", "commitMarkerTopic",
+    "writeId",
 }
 DELIVERY_GUARANTEES = ("exactly_once", "at_least_once", "none")
 

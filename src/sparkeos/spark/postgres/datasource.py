@@ -6,25 +6,25 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..gc_pause import freeze_planner_worker_once
-from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, commit_batch, refuse_complete_mode
+from ..options import batch_write_id
+from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
 from .options import parse_postgres_sink_options
 from .sink import PostgresSink
 
 
 class PostgresBatchWriter(TwoPhaseCommitBatchWriter):
-    """A batch write is never run again under its write id, so nothing that is left of it would ever be resolved
-    by a later commit: its end resolves everything of it, and drops its decision."""
+    """A write without a writeId is never run again under its write id: its end drops its decision. One with a
+    writeId keeps it, so that the write run again finds it and writes nothing twice."""
 
     def commit(self, messages: list) -> None:
         super().commit(messages)
-        self.sink.forget(self.query)
+        if self.write_id is None:
+            self.sink.forget(self.query)
 
     def abort(self, messages: list) -> None:
         super().abort(messages)
-        # Tasks that failed or were cancelled may have prepared transactions that Spark's messages do not name;
-        # and a write that failed after its decision was recorded is published as decided (the decision is final).
-        commit_batch(self.sink, self.query, 0, [])
-        self.sink.forget(self.query)
+        if self.write_id is None:
+            self.sink.forget(self.query)
 
 
 class PostgresDataSource(DataSource):
@@ -44,9 +44,11 @@ class PostgresDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise ValueError("the sparkeos.postgres sink adds rows to its table; use mode('append'), not overwrite")
-        return PostgresBatchWriter(self._sink(schema))
+        write_id = batch_write_id(self.options, self.name(), streaming=False)
+        return PostgresBatchWriter(self._sink(schema), write_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
         refuse_complete_mode(self.name(), overwrite)
+        batch_write_id(self.options, self.name(), streaming=True)
         freeze_planner_worker_once()
         return TwoPhaseCommitStreamWriter(self._sink(schema))

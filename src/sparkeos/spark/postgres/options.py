@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..options import CaseInsensitiveOptions, OptionError
 
-OPTIONS = ("url", "dbtable", "deliveryGuarantee", "upsertKeys", "createTable", "batchSize")
+OPTIONS = ("url", "dbtable", "deliveryGuarantee", "upsertKeys", "createTable", "batchSize", "writeId")
 GUARANTEES = ("exactly_once", "at_least_once")
 DEFAULT_BATCH_SIZE = 1000
 

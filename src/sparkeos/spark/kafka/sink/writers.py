@@ -57,11 +57,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
 
 class KafkaBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: SinkOptions, marker_partitions: int):
+    def __init__(self, options: SinkOptions, marker_partitions: int, write_id: str | None = None):
         report_level()
         self.options = options
         self.marker_partitions = marker_partitions
-        self.write_id = uuid.uuid4().hex[:16]
+        # A writeId names a write the user may run again: its markers must be found whenever that is, so they are
+        # read as a streaming query's are (group offsets, then the marker records). A drawn id is used once.
+        self.named = write_id is not None
+        self.write_id = write_id or uuid.uuid4().hex[:16]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         partition = spark_task().partitionId()
@@ -70,7 +73,7 @@ class KafkaBatchWriter(DataSourceArrowWriter):
                 return write_without_transactions(self.options, 0, iterator)
             prefix = self.options.transactional_id_prefix or "sparkeos"
             return write_exactly_once(self.options, f"{prefix}-{self.write_id}-{partition}", 0, None,
-                                      self.marker_partitions, iterator, one_write_id=True)
+                                      self.marker_partitions, iterator, one_write_id=not self.named)
 
     def commit(self, messages: list) -> None:
         report(logging.INFO, report_commit(messages, 0, self.options.delivery_guarantee))
