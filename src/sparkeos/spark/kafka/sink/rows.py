@@ -15,6 +15,7 @@ class Rows:
         names = {name.lower(): i for i, name in enumerate(batch.schema.names)}
         self.count = batch.num_rows
         self.values = _bytes_column(batch, names["value"])
+        self.values_have_nulls = batch.column(names["value"]).null_count > 0
         # An all-null key column is no column: a message without a key is cheaper to build (see _produce_simple).
         has_keys = "key" in names and batch.column(names["key"]).null_count < self.count
         self.keys = _bytes_column(batch, names["key"]) if has_keys else None
@@ -66,21 +67,22 @@ class Rows:
 
 
 class RecordDigest:
-    """An order-free digest of a task's records (key and value): the sum of each record's CRC-32, so that the same
-    records in another order give the same digest, and a record more, less or changed almost surely another.
-    Cheap enough for every committed task: the hashing runs in C over the lists the producer is handed anyway."""
+    """An order-free digest of a task's records (key and value): the sum of a checksum of each record, so that the
+    same records in another order give the same digest, and a record more, less or changed almost surely another.
+    Cheap enough for every committed task: the hashing runs in C over the lists the producer is handed anyway, with
+    Adler-32 for values (a third of CRC-32's cost) started from the CRC-32 of the key."""
 
     def __init__(self) -> None:
         self.records = 0
         self._sum = 0
 
     def add(self, rows: Rows) -> None:
-        values = rows.values if None not in rows.values else [b"" if v is None else v for v in rows.values]
+        values = [b"" if v is None else v for v in rows.values] if rows.values_have_nulls else rows.values
         if rows.keys is None:
-            self._sum += sum(map(zlib.crc32, values))
+            self._sum += sum(map(zlib.adler32, values))
         else:
             keys = [b"" if k is None else k for k in rows.keys]
-            self._sum += sum(map(zlib.crc32, values, map(zlib.crc32, keys)))
+            self._sum += sum(map(zlib.adler32, values, map(zlib.crc32, keys)))
         self.records += rows.count
 
     @property
