@@ -212,6 +212,57 @@ def test_one_query_writing_two_tables_keeps_their_decisions_apart(spark_postgres
     assert sorted(n for (n,) in rows(postgres, second)) == list(range(300, 600))
 
 
+def test_a_retry_blocked_by_a_dead_attempts_prepared_transaction_fails_in_bounded_time_then_recovers(postgres):
+    """An executor lost after its task's PREPARE leaves that attempt's prepared transaction holding the rows' keys.
+    The task's retry, in the same run, waits on them: only the driver resolves prepared transactions, after every
+    task of the batch succeeded, so the wait never ends. It must fail within lockTimeout, naming the transaction;
+    a restarted query (a new run) rolls the dead attempt's transaction back before it writes."""
+    import threading
+
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.postgres.options import parse_postgres_sink_options
+    from sparkeos.spark.postgres.sink import PostgresSink, PostgresSinkError
+    from sparkeos.spark.two_phase_commit import TaskAttempt
+
+    table = new_table()
+    options = parse_postgres_sink_options({"url": postgres.url(), "dbtable": table, "createTable": "true",
+                                           "upsertKeys": "n", "lockTimeout": "2s"})
+    schema = StructType([StructField("n", LongType())])
+    rows_of_task = pa.record_batch({"n": pa.array([1, 2, 3], pa.int64())})
+    run = PostgresSink(options, schema)
+    run.prepare()
+    dead = run.begin_transaction(TaskAttempt("q-dead", 4, 0, "first"))
+    run.invoke(dead, rows_of_task)
+    dead_handle = run.pre_commit(dead, TaskAttempt("q-dead", 4, 0, "first"))  # then its executor was lost
+    failures = []
+
+    def retry() -> None:
+        task = TaskAttempt("q-dead", 4, 0, "second")
+        transaction = run.begin_transaction(task)
+        try:
+            run.invoke(transaction, rows_of_task)
+        except Exception as error:  # noqa: BLE001 - what the retry raises is the subject
+            failures.append(error)
+            run.abort_transaction(transaction)
+
+    retrying = threading.Thread(target=retry, daemon=True)
+    retrying.start()
+    retrying.join(30)
+    assert not retrying.is_alive(), "the retry still waits on the dead attempt's prepared transaction"
+    assert len(failures) == 1 and isinstance(failures[0], PostgresSinkError)
+    assert dead_handle.data["gid"] in str(failures[0]) and "lockTimeout" in str(failures[0])
+    restarted = PostgresSink(options, schema)
+    restarted.prepare()
+    task = TaskAttempt("q-dead", 4, 0, "after-restart")
+    transaction = restarted.begin_transaction(task)
+    restarted.invoke(transaction, rows_of_task)
+    restarted.commit(restarted.pre_commit(transaction, task))
+    assert prepared_transactions(postgres, dead_handle.data["gid"]) == []
+    assert sorted(rows(postgres, table)) == [(1,), (2,), (3,)]
+
+
 def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(postgres):
     """Two drivers of one query can decide a batch at the same moment: the first decision holds for both, never
     an error for the second (whose retry would then find the batch decided by someone else's handles anyway)."""

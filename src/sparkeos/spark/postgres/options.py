@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 from ..options import CaseInsensitiveOptions, OptionError
 
-OPTIONS = ("url", "dbtable", "deliveryGuarantee", "upsertKeys", "createTable", "batchSize", "writeId")
+OPTIONS = ("url", "dbtable", "deliveryGuarantee", "upsertKeys", "createTable", "batchSize", "writeId", "lockTimeout")
+# PostgreSQL's lock_timeout for a task's statements, unless the session has one of its own: a task can wait on a row
+# lock of a prepared transaction that only the driver resolves, after the task's own batch, so waiting for ever
+# would wedge the query.
+DEFAULT_LOCK_TIMEOUT = "60s"
 GUARANTEES = ("exactly_once", "at_least_once")
 DEFAULT_BATCH_SIZE = 1000
 
@@ -36,6 +40,7 @@ class PostgresSinkOptions:
     upsert_keys: tuple[str, ...]
     create_table: bool
     batch_size: int
+    lock_timeout_ms: int | None = None  # None: the session's own lock_timeout, or DEFAULT_LOCK_TIMEOUT if it has none
 
 
 def parse_postgres_sink_options(raw: Mapping[str, str]) -> PostgresSinkOptions:
@@ -56,11 +61,14 @@ def parse_postgres_sink_options(raw: Mapping[str, str]) -> PostgresSinkOptions:
         keys = _keys(options.get("upsertKeys"))
         create = options.boolean("createTable", False)
         batch_size = options.integer("batchSize", DEFAULT_BATCH_SIZE, minimum=1)
+        lock_timeout_ms = options.duration_ms("lockTimeout", DEFAULT_LOCK_TIMEOUT) if options.has("lockTimeout") \
+            else None
     except PostgresSinkOptionError:
         raise
     except OptionError as error:
         raise PostgresSinkOptionError(str(error)) from None
-    return PostgresSinkOptions(url, table, guarantee == "exactly_once", keys, create, batch_size or DEFAULT_BATCH_SIZE)
+    return PostgresSinkOptions(url, table, guarantee == "exactly_once", keys, create, batch_size or DEFAULT_BATCH_SIZE,
+                               lock_timeout_ms)
 
 
 def _keys(text: str | None) -> tuple[str, ...]:

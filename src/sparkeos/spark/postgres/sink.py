@@ -43,8 +43,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from pyspark.sql.types import StructType
 
+from ..options import duration_ms
 from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
-from .options import PostgresSinkOptions
+from .options import DEFAULT_LOCK_TIMEOUT, PostgresSinkOptions
 from .types import UnsupportedColumnType, accepts, converter, postgres_type
 
 GID_PREFIX = "sparkeos-"
@@ -79,6 +80,7 @@ class TaskTransaction:
     records: int = 0
     converters: list[Callable[[Any], Any] | None] = field(default_factory=list)
     backend_pid: int = 0  # the server process of ``connection``
+    task: TaskAttempt | None = None
 
 
 def describe_url(url: str) -> str:
@@ -276,11 +278,22 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             else:
                 gid = None
                 connection.autocommit = False
+            self._set_lock_timeout(connection)
         except BaseException:
             connection.close()
             raise
         return TaskTransaction(connection, gid, 0, [converter(c.dataType) for c in self.schema.fields],
-                               connection.info.backend_pid)
+                               connection.info.backend_pid, task)
+
+    def _set_lock_timeout(self, connection: psycopg.Connection) -> None:
+        """The task's bound on a lock wait: the option, else the session's own lock_timeout (the user's, the role's,
+        the url's), else DEFAULT_LOCK_TIMEOUT."""
+        timeout_ms = self.options.lock_timeout_ms
+        if timeout_ms is None:
+            if connection.execute("SELECT current_setting('lock_timeout')").fetchone()[0] not in ("0", "0ms"):
+                return
+            timeout_ms = duration_ms(DEFAULT_LOCK_TIMEOUT)
+        connection.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
 
     def _abort_earlier_runs(self, connection: psycopg.Connection, query: str, batch: int) -> None:
         named = {h.id for d in PostgresDecisionLog(self, query, connection).unfinished() for h in d.handles}
@@ -296,6 +309,13 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             items = column.to_pylist()
             values.append(items if convert is None else [convert(item) for item in items])
         records = list(zip(*values, strict=True))
+        try:
+            self._write(transaction, records)
+        except errors.LockNotAvailable as error:
+            raise self._lock_wait_error(transaction) from error
+        transaction.records += len(records)
+
+    def _write(self, transaction: TaskTransaction, records: list[tuple]) -> None:
         with transaction.connection.cursor() as cursor:
             if self.options.upsert_keys:
                 statement = self._upsert_sql()
@@ -308,7 +328,35 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                     copy.set_types([c.oid for c in self.columns])
                     for record in records:
                         copy.write_row(record)
-        transaction.records += len(records)
+
+    def _lock_wait_error(self, transaction: TaskTransaction) -> PostgresSinkError:
+        """What a task that waited too long for a row lock says: which of this task's earlier attempts holds it, if
+        one does (its executor was lost after its PREPARE), and what resolves it."""
+        waited = (f"{self.options.lock_timeout_ms} ms (option lockTimeout)" if self.options.lock_timeout_ms
+                  is not None else "the session's lock_timeout (option lockTimeout)")
+        task = transaction.task
+        earlier = []
+        if task is not None and self.options.exactly_once:
+            try:
+                with self.connect() as connection:
+                    earlier = [self.gid(task.query, handle_id) for handle_id, batch in
+                               self._pending(connection, task.query)
+                               if batch == task.batch and handle_id.split("-")[1] == str(task.partition)
+                               and handle_id != self.handle_id(task)]
+            except (psycopg.Error, PostgresSinkError):
+                earlier = []
+        if earlier:
+            return PostgresSinkError(
+                f"the task waited {waited} for row locks held by {', '.join(sorted(earlier))}, prepared by an "
+                "earlier attempt of this task that died after its PREPARE (an executor lost). Only the driver "
+                "resolves prepared transactions, after every task of the batch succeeded, so the wait would not "
+                "end. The task fails, and Spark retries it; if the retries fail the same way, restart the query: a "
+                "restarted query rolls back what earlier runs left prepared before it writes")
+        return PostgresSinkError(
+            f"the task waited {waited} for a row lock of table {self.table} held by another transaction (see "
+            "pg_locks). With upsertKeys or a unique key, rows of one key in a batch must reach one task (e.g. "
+            "repartition by the key): a second task writing the key waits for the first one's prepared transaction, "
+            "which the driver commits only after both")
 
     def pre_commit(self, transaction: TaskTransaction, task: TaskAttempt) -> Handle:
         connection = transaction.connection
