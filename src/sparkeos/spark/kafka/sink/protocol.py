@@ -373,7 +373,8 @@ def _check_replay(writer: _TransactionalWriter, query_id: str | None, batch: int
     digest of the replay's input with the marker's."""
     marker = writer.committed_marker(query_id, batch)
     if marker is None or "digest" not in marker:
-        # Compacted away by another query reusing the prefix, or written by an older sparkeos without a digest.
+        # Written by an older sparkeos: without a digest, or keyed T alone and compacted away since by another
+        # query's markers under the same T.
         log.warning("%s committed batch %d, and Kafka no longer holds its marker record's count: the replay's input "
                     "cannot be compared with it", writer.transactional_id, batch)
         return
