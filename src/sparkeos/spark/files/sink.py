@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -259,7 +259,7 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return found
 
     def decision_log(self, query: str) -> DecisionLog:
-        return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions", dict(self.options.s3))
+        return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions", self._s3)
 
 
 def _create_local_file_exclusively(path: str, data: bytes) -> bool:
@@ -309,10 +309,10 @@ class FileDecisionLog(DecisionLog):
     create that pyarrow reaches: there the decision is checked for and then moved into place, which two drivers
     deciding one batch at the same moment can race."""
 
-    def __init__(self, fs: pafs.FileSystem, directory: str, s3: dict[str, str] | None = None):
+    def __init__(self, fs: pafs.FileSystem, directory: str, s3: Callable[[], S3Client] | None = None):
         self.fs = fs
         self.directory = directory
-        self.s3 = s3 or {}
+        self.s3 = s3  # the sink's S3 client, made once per process, for a file system of type s3
 
     def _path(self, batch: int, kind: str) -> str:
         return f"{self.directory}/{batch}.{kind}"
@@ -331,7 +331,7 @@ class FileDecisionLog(DecisionLog):
         if isinstance(self.fs, pafs.LocalFileSystem):
             created = _create_local_file_exclusively(final, data)
         elif self.fs.type_name == "s3":
-            created = S3Client(self.s3).put_if_absent(final, data)
+            created = self.s3().put_if_absent(final, data)
         else:
             created = self.read(decision.batch) is None
             if created:

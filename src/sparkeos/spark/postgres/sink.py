@@ -289,11 +289,13 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         """The task's bound on a lock wait: the option, else the session's own lock_timeout (the user's, the role's,
         the url's), else DEFAULT_LOCK_TIMEOUT."""
         timeout_ms = self.options.lock_timeout_ms
-        if timeout_ms is None:
-            if connection.execute("SELECT current_setting('lock_timeout')").fetchone()[0] not in ("0", "0ms"):
-                return
-            timeout_ms = duration_ms(DEFAULT_LOCK_TIMEOUT)
-        connection.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+        if timeout_ms is not None:
+            connection.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{timeout_ms}ms")))
+            return
+        # One round trip either way: the session's own setting stays, and none ('0') becomes the default.
+        connection.execute("SELECT set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN %s "
+                           "ELSE current_setting('lock_timeout') END, false)",
+                           [f"{duration_ms(DEFAULT_LOCK_TIMEOUT)}ms"])
 
     def _abort_earlier_runs(self, connection: psycopg.Connection, query: str, batch: int) -> None:
         named = {h.id for d in PostgresDecisionLog(self, query, connection).unfinished() for h in d.handles}
