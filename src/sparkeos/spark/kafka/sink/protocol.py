@@ -212,7 +212,9 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     """Steps 3 and 4 of the protocol for one task. `one_write_id`: the id of a batch write, used by this write
     only; its marker is the group offset alone, and its producer is closed afterwards."""
     partition = TaskContext.get().partitionId()
-    key = (transactional_id, query_id, json.dumps(options.producer_config(), sort_keys=True))
+    # The topic too: it names the markers (markers.marker_key), and one worker may write T of one query to two
+    # topics (a copied checkpoint).
+    key = (transactional_id, query_id, options.topic, json.dumps(options.producer_config(), sort_keys=True))
     scan_records = not one_write_id
 
     def create() -> _TransactionalWriter:
