@@ -263,9 +263,81 @@ def test_a_retry_blocked_by_a_dead_attempts_prepared_transaction_fails_in_bounde
     assert sorted(rows(postgres, table)) == [(1,), (2,), (3,)]
 
 
-def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(postgres):
-    """Two drivers of one query can decide a batch at the same moment: the first decision holds for both, never
-    an error for the second (whose retry would then find the batch decided by someone else's handles anyway)."""
+def two_runs(postgres, table: str):
+    """Two runs of one query's sink, as two drivers build them (a YARN or Kubernetes driver retried while the first
+    one still runs, a checkpoint copied to a second cluster): each draws its own run id."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.postgres.options import parse_postgres_sink_options
+    from sparkeos.spark.postgres.sink import PostgresSink
+
+    options = parse_postgres_sink_options({"url": postgres.url(), "dbtable": table, "createTable": "true"})
+    runs = [PostgresSink(options, StructType([StructField("n", LongType())])) for _ in range(2)]
+    for run in runs:
+        run.prepare()
+    return runs
+
+
+def prepare_task(run, query: str, batch: int, attempt: str, numbers: list[int]):
+    import pyarrow as pa
+
+    from sparkeos.spark.two_phase_commit import TaskAttempt
+
+    task = TaskAttempt(query, batch, 0, attempt)
+    transaction = run.begin_transaction(task)
+    run.invoke(transaction, pa.record_batch({"n": pa.array(numbers, pa.int64())}))
+    return run.pre_commit(transaction, task)
+
+
+def test_a_second_run_of_a_query_fences_the_first_so_neither_undoes_what_the_other_decides(postgres):
+    """Two live drivers of one query replay the same batch. The second run's task rolled back the first run's
+    prepared transaction, which the first run then decided on: its rows were gone from a decision that holds, so
+    both drivers failed on it for ever. The newer run must fence the older one: the older run's decision is
+    refused, its next tasks fail before they touch anything, and the newer run's batch is exact."""
+    from sparkeos.spark.postgres.sink import RunFenced
+    from sparkeos.spark.two_phase_commit import commit_batch
+
+    table = new_table()
+    first, second = two_runs(postgres, table)
+    query = f"q-fence-{uuid.uuid4().hex[:6]}"
+    decided_by_first = prepare_task(first, query, 5, "a", [1, 2, 3])
+    decided_by_second = prepare_task(second, query, 5, "b", [1, 2, 3])
+    with pytest.raises(RunFenced, match=f"run {first.run} of query {query}.*superseded by run {second.run}"):
+        commit_batch(first, query, 5, [decided_by_first])
+    commit_batch(second, query, 5, [decided_by_second])
+    assert sorted(rows(postgres, table)) == [(1,), (2,), (3,)]
+
+    next_of_second = prepare_task(second, query, 6, "c", [4])
+    with pytest.raises(RunFenced, match=f"superseded by run {second.run}"):
+        prepare_task(first, query, 6, "d", [5])
+    assert prepared_transactions(postgres, next_of_second.data["gid"]) == [next_of_second.data["gid"]]
+    commit_batch(second, query, 6, [next_of_second])
+    assert sorted(rows(postgres, table)) == [(1,), (2,), (3,), (4,)]
+    assert prepared_transactions(postgres) == [] and unfinished_decisions(postgres) == []
+
+
+def test_a_run_that_decided_before_a_newer_run_started_keeps_its_decision_for_both(postgres):
+    """Fencing refuses only what an older run decides after a newer run started: a decision recorded before holds,
+    and the newer run's replay of that batch writes nothing and publishes the older run's transactions."""
+    from sparkeos.spark.two_phase_commit import Decision, commit_batch
+
+    table = new_table()
+    first, second = two_runs(postgres, table)
+    query = f"q-fence-{uuid.uuid4().hex[:6]}"
+    handle = prepare_task(first, query, 2, "a", [7, 8])
+    first.decision_log(query).record(Decision(query, 2, (handle,)))  # then the first driver stalls
+    replayed = prepare_task(second, query, 2, "b", [7, 8])
+    assert replayed.records == 0 and replayed.data["gid"] is None
+    assert commit_batch(second, query, 2, [replayed]).handles == (handle,)
+    commit_batch(first, query, 2, [handle])
+    assert sorted(rows(postgres, table)) == [(7,), (8,)]
+    assert prepared_transactions(postgres) == [] and unfinished_decisions(postgres) == []
+
+
+def test_commits_recording_one_batch_at_once_all_keep_the_first_decision(postgres):
+    """A run's decision of a batch can be recorded twice at the same moment (a commit whose answer was lost, retried
+    on a new connection while the first INSERT still runs): the first decision holds for every caller, never an
+    error for the second."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pyspark.sql.types import LongType, StructField, StructType
@@ -276,11 +348,15 @@ def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(postgre
 
     options = parse_postgres_sink_options({"url": postgres.url(), "dbtable": new_table(), "createTable": "true"})
     drivers = [PostgresSink(options, StructType([StructField("n", LongType())])) for _ in range(6)]
+    query = f"q-race-{uuid.uuid4().hex[:6]}"
     for driver in drivers:
         driver.prepare()
-    query = f"q-race-{uuid.uuid4().hex[:6]}"
+        driver.run = drivers[0].run  # one run's commit, on six connections
+    with postgres.connect() as connection:
+        drivers[0]._claim(connection, query)
     for batch in range(3):
-        decisions = [Decision(query, batch, (Handle(f"{batch}-0-{n}", batch, 0, 10),)) for n in range(len(drivers))]
+        decisions = [Decision(query, batch, (Handle(f"{batch}-0-{n}-{drivers[0].run}", batch, 0, 10),))
+                     for n in range(len(drivers))]
         with ThreadPoolExecutor(len(drivers)) as pool:
             held = list(pool.map(lambda pair: pair[0].decision_log(query).record(pair[1]),
                                  zip(drivers, decisions, strict=True)))

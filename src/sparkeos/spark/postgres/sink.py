@@ -14,14 +14,24 @@ once it is gone from ``pg_prepared_xacts``: a ``COMMIT PREPARED`` answered "does
 if the row is there, and a decided transaction that something else rolled back (a DBA, another driver of the
 query) if it is not, which fails the query rather than logging the batch as committed without its rows.
 
+Runs are fenced, as Kafka fences producers by epoch. A run (``<run>``) is the writer Spark builds for the tasks
+of one micro-batch (it builds one per batch), or of one batch write; the first task of a run claims the next epoch
+of the query in ``sparkeos_fences`` (one row per query: the newest run) and ``sparkeos_runs`` (each run's epoch).
+Two drivers of one query can be alive at once (a YARN or Kubernetes driver retried while the first one still runs,
+a checkpoint copied to a second cluster); then only the newest run decides and writes:
+
+- a decision is recorded only while its run is the newest, checked under a share lock of the query's fence row
+  that a claim takes exclusively: either the decision is recorded before a newer run claims (and that run's tasks
+  then see it), or it is refused (``RunFenced``) and its run's query fails;
+- a task of a run older than the newest fails (``RunFenced``) before it touches anything.
+
 A prepared transaction keeps its row locks until it is resolved, so two things are done by each task before
 it writes, or a task could wait forever for a transaction that only the driver resolves, after that task:
 
 - a task of a batch that is already decided (Spark replays it after the driver died past the decision) writes
   nothing: the decision is final, and whatever the replay wrote would be aborted anyway;
-- a task rolls back the prepared transactions of its query that an earlier run of the query (``<run>``, drawn
-  when the query starts) left, unless a decision names them. Spark runs a query once at a time, so they can
-  never become part of a decision.
+- a task rolls back the prepared transactions that older runs of its query left, unless a decision names them:
+  an older run can no longer record a decision, so they can never become part of one.
 
 With ``deliveryGuarantee`` at_least_once a task commits its own transaction and the driver has nothing to do.
 """
@@ -52,6 +62,9 @@ GID_PREFIX = "sparkeos-"
 MAX_GID_BYTES = 199  # PostgreSQL's limit is under 200 bytes
 DECISIONS_TABLE = "sparkeos_decisions"
 COMMITS_TABLE = "sparkeos_commits"
+FENCES_TABLE = "sparkeos_fences"
+RUNS_TABLE = "sparkeos_runs"
+RETAINED_RUNS = 100  # runs (one per batch) kept behind the newest: a driver stalled for longer may fence it once
 
 log = logging.getLogger("sparkeos.sink")
 
@@ -62,6 +75,10 @@ class PostgresSinkError(ValueError):
 
 class DecidedTransactionLost(RuntimeError):
     """A prepared transaction that a decision names was rolled back by something other than the sink."""
+
+
+class RunFenced(RuntimeError):
+    """A newer run of the query started (another driver of it): this run may no longer decide or write."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,11 @@ class TaskTransaction:
     converters: list[Callable[[Any], Any] | None] = field(default_factory=list)
     backend_pid: int = 0  # the server process of ``connection``
     task: TaskAttempt | None = None
+
+
+def run_of(handle_id: str) -> str:
+    """The run that prepared a transaction, the last part of its handle id (``PostgresSink.handle_id``)."""
+    return handle_id.rsplit("-", 1)[-1]
 
 
 def describe_url(url: str) -> str:
@@ -138,6 +160,12 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
     def _commits_sql(self) -> sql.Composable:
         return sql.Identifier(self.decisions_schema, COMMITS_TABLE)
 
+    def _fences_sql(self) -> sql.Composable:
+        return sql.Identifier(self.decisions_schema, FENCES_TABLE)
+
+    def _runs_sql(self) -> sql.Composable:
+        return sql.Identifier(self.decisions_schema, RUNS_TABLE)
+
     # --- before the query writes (driver) ---
 
     def prepare(self) -> None:
@@ -187,6 +215,12 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                 connection.execute(sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query text NOT NULL, batch bigint NOT NULL)"
                 ).format(self._commits_sql()))
+                connection.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (query text PRIMARY KEY, run text NOT NULL, epoch bigint NOT NULL,"
+                    " claimed timestamptz NOT NULL DEFAULT now())").format(self._fences_sql()))
+                connection.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, run text NOT NULL, epoch bigint NOT NULL,"
+                    " claimed timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (query, run))").format(self._runs_sql()))
 
     def _create_table(self, connection: psycopg.Connection) -> None:
         definitions = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(postgres_type(c.dataType, c.name)),
@@ -268,10 +302,11 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         connection = self.connect()
         try:
             if self.options.exactly_once:
+                epoch = self._claim(connection, task.query)
                 if PostgresDecisionLog(self, task.query, connection).read(task.batch) is not None:
                     connection.close()
                     return TaskTransaction(None, None)
-                self._abort_earlier_runs(connection, task.query, task.batch)
+                self._abort_older_runs(connection, task.query, task.batch, epoch)
                 gid = self.gid(task.query, self.handle_id(task))
                 connection.autocommit = False
                 connection.tpc_begin(gid)
@@ -297,10 +332,49 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                            "ELSE current_setting('lock_timeout') END, false)",
                            [f"{duration_ms(DEFAULT_LOCK_TIMEOUT)}ms"])
 
-    def _abort_earlier_runs(self, connection: psycopg.Connection, query: str, batch: int) -> None:
+    def _claim(self, connection: psycopg.Connection, query: str) -> int:
+        """This run's epoch for ``query``: the newest run's, or the next one when this run is new; raises
+        ``RunFenced`` when a newer run claimed since."""
+        key = self.scoped(query)
+        row = connection.execute(sql.SQL("SELECT run, epoch FROM {} WHERE query = %s").format(self._fences_sql()),
+                                 [key]).fetchone()
+        if row is not None and row[0] == self.run:
+            return row[1]
+        with connection.transaction():
+            connection.execute(sql.SQL("INSERT INTO {} (query, run, epoch) VALUES (%s, '', 0) ON CONFLICT DO NOTHING"
+                                       ).format(self._fences_sql()), [key])
+            # Exclusive: waits for a decision being recorded under the share lock, whose run this claim fences.
+            newest, epoch, claimed = connection.execute(sql.SQL(
+                "SELECT run, epoch, claimed FROM {} WHERE query = %s FOR UPDATE").format(self._fences_sql()),
+                [key]).fetchone()
+            if newest == self.run:
+                return epoch
+            if connection.execute(sql.SQL("SELECT 1 FROM {} WHERE query = %s AND run = %s").format(self._runs_sql()),
+                                  [key, self.run]).fetchone():
+                raise self._fenced(query, newest, epoch, claimed)
+            epoch += 1
+            connection.execute(sql.SQL("UPDATE {} SET run = %s, epoch = %s, claimed = now() WHERE query = %s"
+                                       ).format(self._fences_sql()), [self.run, epoch, key])
+            connection.execute(sql.SQL("INSERT INTO {} (query, run, epoch) VALUES (%s, %s, %s)").format(
+                self._runs_sql()), [key, self.run, epoch])
+        return epoch
+
+    def _fenced(self, query: str, newest: str, epoch: int, claimed: Any, run: str | None = None) -> RunFenced:
+        return RunFenced(
+            f"run {run or self.run} of query {query} (table {self.table}) was superseded by run {newest} (epoch "
+            f"{epoch}, started {claimed:%Y-%m-%d %H:%M:%S %Z}): another driver of the same query runs (a driver "
+            "retried while this one still runs, or a copy of the checkpoint). Only the newest run writes and "
+            "decides; this one stops, and the newer run rolls back what it prepared")
+
+    def _abort_older_runs(self, connection: psycopg.Connection, query: str, batch: int, epoch: int) -> None:
+        """Roll back what runs older than this one prepared for batches up to ``batch``, unless a decision names it.
+        Read after the claim: a decision of an older run is either visible now or was refused."""
         named = {h.id for d in PostgresDecisionLog(self, query, connection).unfinished() for h in d.handles}
+        newer_or_same = {run for (run,) in connection.execute(sql.SQL(
+            "SELECT run FROM {} WHERE query = %s AND epoch >= %s").format(self._runs_sql()),
+            [self.scoped(query), epoch])}
         for handle_id, handle_batch in self._pending(connection, query):
-            if handle_batch <= batch and not handle_id.endswith(f"-{self.run}") and handle_id not in named:
+            if handle_batch <= batch and run_of(handle_id) not in newer_or_same and handle_id not in named:
                 self._resolve(connection, self.gid(query, handle_id), "ROLLBACK")
 
     def invoke(self, transaction: TaskTransaction, rows: pa.RecordBatch) -> None:
@@ -477,7 +551,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             raise DecidedTransactionLost(
                 f"prepared transaction {gid}, which the decision of batch {handle.batch} names (task "
                 f"{handle.partition}, {handle.records} rows), was rolled back by something other than this sink (a "
-                "ROLLBACK PREPARED by hand, another driver of the same query): its rows are not in the table. The "
+                "ROLLBACK PREPARED by hand, a cleanup of the database): its rows are not in the table. The "
                 "batch's decision stays unfinished, so the query fails until it is resolved; see "
                 "docs/postgres-sink.md, \"What is left in the database\"")
 
@@ -501,8 +575,8 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             connection = self._driver_connection()
             connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND finished").format(self._decisions_sql()),
                                [self.scoped(query)])
-            connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s").format(self._commits_sql()),
-                               [self.scoped(query)])
+            for table in (self._commits_sql(), self._fences_sql(), self._runs_sql()):
+                connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s").format(table), [self.scoped(query)])
 
 
 class PostgresDecisionLog(DecisionLog):
@@ -542,15 +616,32 @@ class PostgresDecisionLog(DecisionLog):
     def record(self, decision: Decision) -> Decision:
         # The primary key makes the first decision of a batch the only one; a second driver's INSERT waits for an
         # INSERT of the same key under way, then finds its row.
-        inserted = self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING "
-                                 "RETURNING batch",
-                                 [self.key, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
+        connection = self.connection or self.sink._driver_connection()
+        with connection.transaction():
+            self._check_not_fenced(connection, decision)
+            inserted = self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s) ON CONFLICT DO "
+                                     "NOTHING RETURNING batch",
+                                     [self.key, decision.batch, Jsonb([h.to_json() for h in decision.handles])])
         if inserted:
             return decision
         held = self.read(decision.batch)
         if held is None:  # deleted in between by hand: nothing holds, so this one is recorded after all
             return self.record(decision)
         return held
+
+    def _check_not_fenced(self, connection: psycopg.Connection, decision: Decision) -> None:
+        """The decision's run must be the query's newest, and stays so until the decision is committed: the share
+        lock holds back a newer run's claim, whose tasks then see the decision."""
+        runs = {run_of(h.id) for h in decision.handles}
+        fence = connection.execute(sql.SQL("SELECT run, epoch, claimed FROM {} WHERE query = %s FOR SHARE").format(
+            self.sink._fences_sql()), [self.key]).fetchone()
+        if fence is None:
+            raise PostgresSinkError(f"table {self.sink._fences_sql().as_string(connection)} has no run of query "
+                                    f"{self.query}, whose tasks each claim one: it was deleted while the query ran")
+        newest, epoch, claimed = fence
+        stale = sorted(runs - {newest})
+        if stale:
+            raise self.sink._fenced(self.query, newest, epoch, claimed, run=stale[0])
 
     def unfinished(self) -> list[Decision]:
         rows = self._execute("SELECT batch, handles FROM {} WHERE query = %s AND NOT finished ORDER BY batch",
@@ -566,6 +657,11 @@ class PostgresDecisionLog(DecisionLog):
         # Below every batch a replay can reach, whose decisions are forgotten too.
         connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND batch < %s").format(self.sink._commits_sql()),
                            [self.key, batch])
+        # A run forgotten here, if it ever came back, would claim again and fence the newest: it fails no decision,
+        # since each is checked against the newest run when it is recorded, and what it prepared counts as older.
+        connection.execute(sql.SQL("DELETE FROM {} WHERE query = %s AND epoch < (SELECT epoch FROM {} WHERE query = "
+                                   "%s) - %s").format(self.sink._runs_sql(), self.sink._fences_sql()),
+                           [self.key, self.key, RETAINED_RUNS])
 
 
 class NoDecisionLog(DecisionLog):
