@@ -50,6 +50,23 @@ def arm_failpoint(name: str) -> Path:
     return path
 
 
+def arm_hold(name: str) -> set[Path]:
+    """Make the next process that reaches failpoint `name` stop there (sparkeos.spark.failpoints); returns the
+    holds taken so far, for `wait_held`."""
+    FAILPOINT_DIR.mkdir(parents=True, exist_ok=True)
+    known = set(FAILPOINT_DIR.glob(f"{name}.held-*"))
+    (FAILPOINT_DIR / f"{name}.hold").touch()
+    return known
+
+
+def wait_held(name: str, known: set[Path], timeout_s: float) -> Path:
+    """The hold a process took at failpoint `name` since `arm_hold` returned `known`; removing it releases the
+    process."""
+    found = wait_for(lambda: set(FAILPOINT_DIR.glob(f"{name}.held-*")) - known, timeout_s, 0.05,
+                     f"a process to stop at failpoint {name}")
+    return found.pop()
+
+
 def fired(name: str) -> bool:
     return (FAILPOINT_DIR / f"{name}.fired").exists()
 

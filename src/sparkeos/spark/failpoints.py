@@ -1,16 +1,20 @@
-"""Failure injection for the crash tests: make a named step of the sink protocol fail once.
+"""Failure injection for the crash tests: make a named step of the sink protocol fail once, or stop there.
 
 With `SPARKEOS_FAILPOINT_DIR` set (Spark's Python workers inherit it from the driver's environment),
 a failpoint is armed by creating the file `<dir>/<name>`. The first process to reach that step renames
-the file to `<name>.fired` (atomic, so exactly one process fires) and raises. Unarmed, `fire` costs one
+the file to `<name>.fired` (atomic, so exactly one process fires) and raises. A hold is armed by creating
+`<dir>/<name>.hold`: the first process to reach the step renames it to `<name>.held-<pid>` and waits there
+until that file is removed, so that a test can order steps of two processes. Unarmed, `fire` costs one
 environment lookup.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 ENV = "SPARKEOS_FAILPOINT_DIR"
+LONGEST_HOLD_S = 900  # a test that never releases its hold must not leave a process waiting for ever
 
 
 class InjectedFailure(RuntimeError):
@@ -25,5 +29,17 @@ def fire(name: str) -> None:
     try:
         os.rename(armed, armed + ".fired")
     except FileNotFoundError:
+        _hold(armed)
         return
     raise InjectedFailure(f"failpoint {name} fired")
+
+
+def _hold(armed: str) -> None:
+    held = f"{armed}.held-{os.getpid()}"
+    try:
+        os.rename(armed + ".hold", held)
+    except FileNotFoundError:
+        return
+    deadline = time.monotonic() + LONGEST_HOLD_S
+    while os.path.exists(held) and time.monotonic() < deadline:
+        time.sleep(0.02)

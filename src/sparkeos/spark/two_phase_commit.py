@@ -264,6 +264,7 @@ def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list
     if decision is None:
         decision = Decision(query, batch, tuple(sorted(handles, key=lambda h: h.partition)))
         if handles:  # a batch without rows has nothing to publish, and its replay has none either
+            failpoints.fire("2pc.deciding")
             decision = decisions.record(decision)
     # 6. and 7. Commit every handle, mark the decision finished, abort the rest.
     if decision.handles:
