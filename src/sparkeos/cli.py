@@ -169,6 +169,71 @@ def _add_lag_parser(commands: argparse._SubParsersAction) -> None:
                         help="how long to wait for the cluster's answers (15)")
 
 
+def _add_sinks_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("sinks", help="list, or abort, what two-phase-commit sinks hold unpublished")
+    actions = parser.add_subparsers(dest="action", required=True)
+    for action, text in (("pending", "list the unfinished decisions and pre-committed transactions of every query"),
+                         ("abort", "abort a query's pre-committed transactions that no decision names")):
+        sub = actions.add_parser(action, help=text)
+        sub.add_argument("target", metavar="JOB_OR_FORMAT",
+                         help="a job file (its sink), or a sink format (sparkeos.files, sparkeos.postgres) with -o")
+        sub.add_argument("-o", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
+                         help="the sink's options, as writeStream.option takes them (path=..., url=..., dbtable=...)")
+        sub.add_argument("--json", action="store_true", help="print one JSON object")
+        if action == "pending":
+            sub.add_argument("--query", help="only this query id")
+        else:
+            sub.add_argument("--query", required=True, help="the query id whose transactions to abort")
+            sub.add_argument("--older-than", default="15m", metavar="DURATION",
+                             help="abort only what was pre-committed longer ago than this (default 15m; 0s for all)")
+
+
+def run_sinks(args: argparse.Namespace) -> int:
+    import json
+    from datetime import UTC, datetime
+
+    from .jobs.spec import JobError, load_job
+    from .spark.options import duration_s
+    from .spark.pending_work import abort_lines, abort_query, list_pending, operator_sink, pending_lines
+
+    try:
+        if Path(args.target).is_file() or args.target.endswith((".yaml", ".yml")):
+            if args.options:
+                raise ValueError("-o applies to a sink format; a job file names its sink's options itself")
+            sink_spec = load_job(args.target).sink
+            sink_format, options = sink_spec.format, dict(sink_spec.options)
+        else:
+            sink_format, options = args.target.lower(), dict(_key_value(item) for item in args.options)
+        sink = operator_sink(sink_format, options)
+        now = datetime.now(UTC)
+        if args.action == "pending":
+            work = list_pending(sink, args.query)
+            print(json.dumps({"pending": [w.to_json(now) for w in work]}) if args.json else
+                  "\n".join(pending_lines(work, now)))
+            return 0
+        older_than = duration_s(args.older_than, "s")
+        if older_than is None:
+            raise ValueError(f"--older-than must be a duration such as 15m or 0s, not {args.older_than!r}")
+        outcome = abort_query(sink, args.query, older_than)
+    except (JobError, ValueError, OSError) as exc:
+        print(f"sparkeos sinks {args.action}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"query": outcome.query, "fenced": outcome.fenced,
+                          **{key: [w.to_json(now) for w in getattr(outcome, key)]
+                             for key in ("aborted", "decided", "too_young")}}))
+    else:
+        print("\n".join(abort_lines(outcome, older_than)))
+    return 0
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, separator, value = item.partition("=")
+    if not separator or not key:
+        raise ValueError(f"-o takes KEY=VALUE, not {item!r}")
+    return key, value
+
+
 def run_lag(args: argparse.Namespace) -> int:
     from .lag import run
 
@@ -235,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_audit_parser(commands)
     _add_demo_parser(commands)
     _add_lag_parser(commands)
+    _add_sinks_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "broker":
         return run_broker(args)
@@ -246,5 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "lag":
         return run_lag(args)
+    if args.command == "sinks":
+        return run_sinks(args)
     parser.error(f"unknown command {args.command}")
     return 2

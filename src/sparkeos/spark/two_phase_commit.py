@@ -56,6 +56,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
@@ -155,6 +156,10 @@ class DecisionLog(ABC):
     def forget_before(self, batch: int) -> None:
         """Drop finished decisions of batches below ``batch``."""
 
+    def recorded_at(self, batch: int) -> datetime | None:
+        """When the decision of ``batch`` was recorded, where the log knows (for ``sparkeos sinks pending``)."""
+        return None
+
 
 class TwoPhaseCommitSink(ABC, Generic[Transaction]):
     """What a sink implements. Instances are pickled to executors: keep them small, open connections lazily."""
@@ -199,6 +204,21 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
     def describe(self) -> str:
         """How the driver's reports name this sink."""
         return type(self).__name__
+
+    # --- for operators (``sparkeos sinks``), optional ---
+
+    def queries(self) -> Iterable[str]:
+        """Every query that holds pre-committed transactions or unfinished decisions here."""
+        raise NotImplementedError(f"{self.describe()} cannot list the queries it holds work of")
+
+    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
+        """For each handle id of ``pending(query)``: the name its store shows it under, and since when it is there."""
+        return {}
+
+    def fence(self, query: str) -> bool:
+        """Stop every run of ``query`` that may still be writing from recording a decision, if the sink can; whether
+        it did. Done before an operator aborts the query's transactions."""
+        return False
 
 
 class PreCommitted(WriterCommitMessage):

@@ -380,6 +380,41 @@ def replay_last_batch(checkpoint) -> None:
     (commits / f".{last}.crc").unlink(missing_ok=True)
 
 
+def test_an_operators_abort_while_the_query_decides_fences_it_and_a_restart_is_exact(spark_postgres, broker, postgres,
+                                                                                    tmp_path):
+    """`sparkeos sinks abort` on a query that is still running, between its tasks' PREPARE and its decision: the
+    query's decision would name transactions the operator rolled back. The abort fences the query first, so that
+    decision is refused (the query fails), and the query restarted from its checkpoint writes every row once."""
+    import subprocess
+    import sys
+
+    from support.spark import arm_hold, wait_held
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, source, [str(i) for i in range(300)], spread_over=2)
+    table, checkpoint = new_table(), tmp_path / "ck"
+    known = arm_hold("2pc.deciding")
+    query = start_query(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint, max_offsets=1000)
+    try:
+        held = wait_held("2pc.deciding", known, 120)
+        done = subprocess.run([sys.executable, "-m", "sparkeos", "sinks", "abort", "sparkeos.postgres", "-o",
+                               f"url={postgres.url()}", "-o", f"dbtable={table}", "--query", str(query.id),
+                               "--older-than", "0s", "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outcome = json.loads(done.stdout.strip().splitlines()[-1])
+        assert outcome["fenced"] and len(outcome["aborted"]) == 2 and outcome["decided"] == [], outcome
+        held.unlink()
+        with pytest.raises(StreamingQueryException, match="superseded by run"):
+            query.awaitTermination(120)
+    finally:
+        clear_failpoints()  # releases the query's commit if the test failed before
+        query.stop()
+    assert written(postgres, table) == 0
+    run_to_end(spark_postgres, bootstrap, source, postgres.url(), table, checkpoint, max_offsets=1000)
+    assert_exact(postgres, table, 300)
+
+
 def test_a_batch_replayed_after_its_commit_adds_nothing(spark_postgres, broker, postgres, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)

@@ -21,6 +21,11 @@ class FilesDataSource(DataSource):
         raise ValueError("sparkeos.files is a sink: read its directory with any reader (spark.read.parquet(path), "
                          "pyarrow.dataset, DuckDB, pandas)")
 
+    @classmethod
+    def operator_sink(cls, options: dict[str, str]) -> FileSink:
+        """The sink at the directory ``options`` name, for ``sparkeos sinks``."""
+        return FileSink(parse_file_sink_options(options))
+
     def _sink(self, schema: StructType) -> FileSink:
         options = parse_file_sink_options(self.options)
         check_input_schema(schema, options)

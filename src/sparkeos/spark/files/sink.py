@@ -24,6 +24,7 @@ import posixpath
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -261,6 +262,24 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
     def decision_log(self, query: str) -> DecisionLog:
         return FileDecisionLog(self.fs, f"{self._query_dir(query)}/decisions", self._s3)
 
+    # --- for operators ---
+
+    def queries(self) -> list[str]:
+        selector = pafs.FileSelector(f"{self.root}/{CONTROL_DIR}", allow_not_found=True)
+        return [info.base_name for info in self.fs.get_file_info(selector)
+                if info.type == pafs.FileType.Directory and not info.base_name.startswith(".")]
+
+    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
+        shown = f"{self.options.path.rstrip('/')}/{CONTROL_DIR}/{query}/staging"
+        details = {}
+        for handle_id, _batch in self.pending(query):
+            directory = f"{self._staging_dir(query)}/{handle_id}"
+            # An object store's directories have no time of their own: their files' newest is when they were staged.
+            times = [info.mtime for info in self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+                     if info.mtime is not None]
+            details[handle_id] = (f"{shown}/{handle_id}", max(times) if times else None)
+        return details
+
 
 def _create_local_file_exclusively(path: str, data: bytes) -> bool:
     """Write ``path`` whole unless it exists; whether this call created it. The bytes go to a temporary file that
@@ -348,6 +367,9 @@ class FileDecisionLog(DecisionLog):
     def _write(self, path: str, data: bytes) -> None:
         with self.fs.open_output_stream(path) as stream:
             stream.write(data)
+
+    def recorded_at(self, batch: int) -> datetime | None:
+        return self.fs.get_file_info(self._path(batch, "decision")).mtime
 
     def _batches(self) -> dict[str, set[int]]:
         kinds: dict[str, set[int]] = {"decision": set(), "finished": set()}

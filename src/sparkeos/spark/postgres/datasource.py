@@ -36,6 +36,13 @@ class PostgresDataSource(DataSource):
         raise ValueError("sparkeos.postgres is a sink: read its table with any PostgreSQL client, or with Spark's "
                          "jdbc data source")
 
+    @classmethod
+    def operator_sink(cls, options: dict[str, str]) -> PostgresSink:
+        """The sink of the table ``options`` name, for ``sparkeos sinks``."""
+        sink = PostgresSink(parse_postgres_sink_options(options), StructType([]))
+        sink.attach()
+        return sink
+
     def _sink(self, schema: StructType) -> PostgresSink:
         sink = PostgresSink(parse_postgres_sink_options(self.options), schema)
         sink.prepare()

@@ -44,6 +44,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -189,11 +190,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                         "with max_prepared_transactions at least the number of a batch's tasks with rows, the sink's "
                         "input partitions (e.g. in postgresql.conf, or -c max_prepared_transactions=64), or use "
                         "deliveryGuarantee at_least_once")
-            if self.table.schema is None:
-                self.decisions_schema = connection.execute("SELECT current_schema()").fetchone()[0]
-            database = connection.execute("SELECT current_database()").fetchone()[0]
-            self.target = hashlib.sha256(f"{database}\0{self.decisions_schema}\0{self.table.name}".encode()
-                                         ).hexdigest()[:8]
+            self._locate(connection)
             oid = connection.execute("SELECT to_regclass(%s)::oid", [self._table_sql().as_string(connection)]
                                      ).fetchone()[0]
             if oid is None:
@@ -208,19 +205,35 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             if self.options.upsert_keys:
                 self._check_upsert(connection, oid)
             if self.options.exactly_once:
-                connection.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, batch bigint NOT NULL, handles jsonb NOT NULL,"
-                    " finished boolean NOT NULL DEFAULT false, decided timestamptz NOT NULL DEFAULT now(),"
-                    " PRIMARY KEY (query, batch))").format(self._decisions_sql()))
-                connection.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query text NOT NULL, batch bigint NOT NULL)"
-                ).format(self._commits_sql()))
-                connection.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (query text PRIMARY KEY, run text NOT NULL, epoch bigint NOT NULL,"
-                    " claimed timestamptz NOT NULL DEFAULT now())").format(self._fences_sql()))
-                connection.execute(sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, run text NOT NULL, epoch bigint NOT NULL,"
-                    " claimed timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (query, run))").format(self._runs_sql()))
+                self._create_control_tables(connection)
+
+    def _locate(self, connection: psycopg.Connection) -> None:
+        """Where the sink's own tables are (the table's schema), and the tag naming the table in them."""
+        if self.table.schema is None:
+            self.decisions_schema = connection.execute("SELECT current_schema()").fetchone()[0]
+        database = connection.execute("SELECT current_database()").fetchone()[0]
+        self.target = hashlib.sha256(f"{database}\0{self.decisions_schema}\0{self.table.name}".encode()
+                                     ).hexdigest()[:8]
+
+    def attach(self) -> None:
+        """For an operator's command: find the sink's tables without checking or creating anything."""
+        with self.connect() as connection:
+            self._locate(connection)
+
+    def _create_control_tables(self, connection: psycopg.Connection) -> None:
+        connection.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, batch bigint NOT NULL, handles jsonb NOT NULL,"
+            " finished boolean NOT NULL DEFAULT false, decided timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (query, batch))").format(self._decisions_sql()))
+        connection.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query text NOT NULL, batch bigint NOT NULL)"
+        ).format(self._commits_sql()))
+        connection.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (query text PRIMARY KEY, run text NOT NULL, epoch bigint NOT NULL,"
+            " claimed timestamptz NOT NULL DEFAULT now())").format(self._fences_sql()))
+        connection.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (query text NOT NULL, run text NOT NULL, epoch bigint NOT NULL,"
+            " claimed timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (query, run))").format(self._runs_sql()))
 
     def _create_table(self, connection: psycopg.Connection) -> None:
         definitions = [sql.SQL("{} {}{}").format(sql.Identifier(c.name), sql.SQL(postgres_type(c.dataType, c.name)),
@@ -569,6 +582,43 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             return NoDecisionLog()
         return PostgresDecisionLog(self, query)
 
+    # --- for operators ---
+
+    def queries(self) -> list[str]:
+        if not self.options.exactly_once:
+            return []
+        connection = self._driver_connection()
+        suffix = f".{self.target}"
+        found = set()
+        for (gid,) in connection.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND "
+                                         "starts_with(gid, %s)", [GID_PREFIX]):
+            scoped = gid[len(GID_PREFIX):].rsplit("-", 4)[0]  # <query>.<target>-<batch>-<partition>-<attempt>-<run>
+            if scoped.endswith(suffix):
+                found.add(scoped[:-len(suffix)])
+        if connection.execute("SELECT to_regclass(%s)", [self._decisions_sql().as_string(connection)]).fetchone()[0]:
+            found.update(query[:-len(suffix)] for (query,) in connection.execute(sql.SQL(
+                "SELECT DISTINCT query FROM {} WHERE NOT finished AND right(query, %s) = %s").format(
+                self._decisions_sql()), [len(suffix), suffix]))
+        return sorted(found)
+
+    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
+        prefix = f"{GID_PREFIX}{self.scoped(query)}-"
+        return {gid[len(prefix):]: (gid, prepared) for gid, prepared in self._driver_connection().execute(
+            "SELECT gid, prepared FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",
+            [prefix])}
+
+    def fence(self, query: str) -> bool:
+        """Claim the query's next epoch for an operator's run, which never writes: a run of the query still writing
+        can then record no decision, and its next run claims a newer epoch and goes on."""
+        if not self.options.exactly_once:
+            return False
+        operator = PostgresSink(self.options, self.schema)
+        operator.decisions_schema, operator.target = self.decisions_schema, self.target
+        with self.connect() as connection:
+            self._create_control_tables(connection)
+            operator._claim(connection, query)
+        return True
+
     def forget(self, query: str) -> None:
         """Drop the finished decisions of a query that will run no more (a batch write)."""
         if self.options.exactly_once:
@@ -600,6 +650,10 @@ class PostgresDecisionLog(DecisionLog):
     def read(self, batch: int) -> Decision | None:
         rows = self._execute("SELECT handles FROM {} WHERE query = %s AND batch = %s", [self.key, batch])
         return self._decision(batch, rows[0][0]) if rows else None
+
+    def recorded_at(self, batch: int) -> datetime | None:
+        rows = self._execute("SELECT decided FROM {} WHERE query = %s AND batch = %s", [self.key, batch])
+        return rows[0][0] if rows else None
 
     def read_settled(self, batch: int) -> Decision | None:
         # An INSERT of the same key waits for one under way in another session (PostgreSQL's unique check), and
