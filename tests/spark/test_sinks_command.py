@@ -42,14 +42,21 @@ def summary(pending: list[dict]) -> list[tuple]:
     return sorted((w["query"], w["batch"], w["kind"], w["decided"]) for w in pending)
 
 
-def leave_work(sink, query: str, other: str):
+def leave_work(sink, format_name: str, options: list[str]):
     """What an abandoned query leaves: batch 2 decided and not committed (its driver died after the decision), batch
-    3 pre-committed and undecided (it died before); and another query's undecided batch."""
+    3 pre-committed and undecided (it died before); and another query's undecided batch. Checks that `pending`
+    lists exactly that; returns the two queries, their three handles and what `pending` printed."""
+    query, other = f"q-{uuid.uuid4().hex[:6]}", f"q-{uuid.uuid4().hex[:6]}"
     decided = pre_commit(sink, query, 2, [1, 2, 3])
     sink.decision_log(query).record(Decision(query, 2, (decided,)))
     undecided = pre_commit(sink, query, 3, [10, 11])
     other_work = pre_commit(sink, other, 0, [20])
-    return decided, undecided, other_work
+    pending = sinks_json("pending", format_name, *options)["pending"]
+    assert summary(pending) == sorted([(query, 2, "decision", True), (query, 2, "transaction", True),
+                                       (query, 3, "transaction", False), (other, 0, "transaction", False)])
+    assert all(w["age_s"] is not None and 0 <= w["age_s"] < 600 for w in pending)
+    assert [w["records"] for w in pending if w["kind"] == "decision"] == [3]
+    return query, other, (decided, undecided, other_work), pending
 
 
 def test_files_pending_work_is_listed_and_a_querys_undecided_work_aborted(tmp_path: Path):
@@ -59,14 +66,7 @@ def test_files_pending_work_is_listed_and_a_querys_undecided_work_aborted(tmp_pa
     options = ["-o", f"path={path}", "-o", "format=parquet"]
     sink = FilesDataSource.operator_sink({"path": str(path), "format": "parquet"})
     sink.prepare()
-    query, other = f"q-{uuid.uuid4().hex[:6]}", f"q-{uuid.uuid4().hex[:6]}"
-    decided, undecided, _ = leave_work(sink, query, other)
-
-    pending = sinks_json("pending", "sparkeos.files", *options)["pending"]
-    assert summary(pending) == sorted([(query, 2, "decision", True), (query, 2, "transaction", True),
-                                       (query, 3, "transaction", False), (other, 0, "transaction", False)])
-    assert all(w["age_s"] is not None and 0 <= w["age_s"] < 600 for w in pending)
-    assert [w["records"] for w in pending if w["kind"] == "decision"] == [3]
+    query, other, (_decided, undecided, _other_work), pending = leave_work(sink, "sparkeos.files", options)
     assert any(w["name"].endswith(f"/staging/{undecided.id}") for w in pending)
 
     kept = sinks_json("abort", "sparkeos.files", *options, "--query", query)  # the default bound: 15 minutes
@@ -94,12 +94,7 @@ def test_postgres_pending_work_is_listed_and_a_querys_undecided_transactions_rol
 
     writer = PostgresSink(sink.options, SCHEMA)
     writer.prepare()
-    query, other = f"q-{uuid.uuid4().hex[:6]}", f"q-{uuid.uuid4().hex[:6]}"
-    decided, undecided, other_work = leave_work(writer, query, other)
-
-    pending = sinks_json("pending", "sparkeos.postgres", *options)["pending"]
-    assert summary(pending) == sorted([(query, 2, "decision", True), (query, 2, "transaction", True),
-                                       (query, 3, "transaction", False), (other, 0, "transaction", False)])
+    query, other, (decided, undecided, other_work), pending = leave_work(writer, "sparkeos.postgres", options)
     assert {w["name"] for w in pending if w["kind"] == "transaction"} == {
         decided.data["gid"], undecided.data["gid"], other_work.data["gid"]}
 
