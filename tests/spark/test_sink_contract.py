@@ -30,6 +30,7 @@ def postgres_writer(spark, postgres):
     def start(frame, checkpoint):
         return (frame.writeStream.format("sparkeos.postgres").option("url", postgres.url()).option("dbtable", table)
                 .option("createTable", "true").option("checkpointLocation", str(checkpoint)))
+    start.table = table
     return start
 
 
@@ -185,3 +186,78 @@ def test_a_batch_write_run_again_under_its_write_id_adds_nothing(spark, broker, 
     with pytest.raises(Exception, match="option 'writeId' applies to batch writes"):
         (spark.readStream.format("rate").load().writeStream.format(f"sparkeos.{sink}").option("writeId", "x")
          .option("checkpointLocation", str(tmp_path / "ck")).start().processAllAvailable())
+
+
+def _numbers_sink(spark, broker, request, tmp_path, sink):
+    """A writer of `frame` (column `n`) into a fresh target of `sink`, and a reader of the numbers it holds."""
+    if sink == "kafka":
+        from sparkeos.verify import read_values
+        from support.spark import create_topic
+
+        topic = create_topic(broker.bootstrap_servers, unique("out"))
+
+        def writer(frame, checkpoint):
+            return (frame.selectExpr("CAST(n AS STRING) AS value").writeStream.format("sparkeos.kafka")
+                    .option("kafka.bootstrap.servers", broker.bootstrap_servers).option("topic", topic)
+                    .option("checkpointLocation", str(checkpoint)))
+
+        def numbers() -> list[int]:
+            return sorted(int(v) for v in read_values(broker.bootstrap_servers, topic))
+    elif sink == "files":
+        import pyarrow.dataset as ds
+
+        path = tmp_path / "out"
+
+        def writer(frame, checkpoint):
+            return (frame.writeStream.format("sparkeos.files").option("path", str(path))
+                    .option("checkpointLocation", str(checkpoint)))
+
+        def numbers() -> list[int]:
+            return sorted(ds.dataset(str(path), format="parquet").to_table()["n"].to_pylist())
+    else:
+        postgres = request.getfixturevalue("postgres")
+        writer = request.getfixturevalue("postgres_writer")
+
+        def numbers() -> list[int]:
+            with postgres.connect() as connection:
+                return sorted(n for (n,) in connection.execute(f"SELECT n FROM {writer.table}"))
+    return writer, numbers
+
+
+@pytest.mark.parametrize("sink", ["kafka", "files", "postgres"])
+def test_a_checkpoint_behind_its_sinks_output_is_refused(spark, broker, request, tmp_path, sink):
+    """A checkpoint restored from a backup, or copied and left behind while the original query went on: Spark runs
+    again batches that the sink decided in the original query's run, planned anew. Taking them for decided (a
+    replay's rule) lost what the plans differ by, here with a larger maxOffsetsPerTrigger. The sink must refuse to
+    go on from a checkpoint behind its output, and add nothing."""
+    import shutil
+
+    from support.spark import create_topic, produce
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    writer, numbers = _numbers_sink(spark, broker, request, tmp_path, sink)
+
+    def run(checkpoint, max_offsets: int) -> None:
+        frame = (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+                 .option("subscribe", source).option("startingOffsets", "earliest")
+                 .option("maxOffsetsPerTrigger", str(max_offsets)).load()
+                 .selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS n"))
+        query = writer(frame, checkpoint).start()
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    produce(bootstrap, source, [str(i) for i in range(100)])
+    run(tmp_path / "ck", 100)
+    shutil.copytree(tmp_path / "ck", tmp_path / "backup")
+    produce(bootstrap, source, [str(i) for i in range(100, 300)])
+    run(tmp_path / "ck", 100)
+    assert numbers() == list(range(300))
+    produce(bootstrap, source, [str(i) for i in range(300, 400)])
+    with pytest.raises(StreamingQueryException, match="checkpoint is behind"):
+        run(tmp_path / "backup", 250)
+    assert numbers() == list(range(300))
+    run(tmp_path / "ck", 100)
+    assert numbers() == list(range(400))

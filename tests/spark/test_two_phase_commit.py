@@ -129,6 +129,10 @@ class DirectoryDecisionLog(DecisionLog):
             temporary.unlink()
         return decision
 
+    def latest(self) -> int | None:
+        self.step("latest")
+        return max((int(p.stem) for p in self.directory.glob("*.decision")), default=None)
+
     def unfinished(self) -> list[Decision]:
         self.step("unfinished")
         batches = sorted(int(p.stem) for p in self.directory.glob("*.decision"))

@@ -145,6 +145,10 @@ class DecisionLog(ABC):
         a batch at the same moment: the first decision recorded is the batch's, and is never replaced."""
 
     @abstractmethod
+    def latest(self) -> int | None:
+        """The highest batch with a recorded decision, finished or not (never forgotten: see ``forget_before``)."""
+
+    @abstractmethod
     def unfinished(self) -> list[Decision]:
         """Recorded decisions not yet marked finished, oldest first."""
 
@@ -272,9 +276,28 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
     return PreCommitted(task.query, task.batch, task.partition, handle, timestamps if timestamps.counts else None)
 
 
+class CheckpointBehindSink(RuntimeError):
+    """Spark runs a batch below one the sink already committed for the query: its checkpoint went back."""
+
+
+def checkpoint_behind(query: str, batch: int, latest: int, where: str) -> CheckpointBehindSink:
+    return CheckpointBehindSink(
+        f"{where} holds batch {latest} of query {query} committed, and Spark now runs batch {batch}: the query's "
+        "checkpoint is behind its output (restored from a backup, or copied while the query went on). Spark plans "
+        "the batches after its checkpoint anew, so taking them for the ones committed before would lose or double "
+        "what the two plans differ by. Run the query from the checkpoint that wrote batch "
+        f"{latest}; to write the output again, start it with a new checkpoint (a new query id)."
+    )
+
+
 def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> Decision:
     """Steps 4-7 for batch ``batch`` of ``query``; returns the decision that holds."""
     decisions = sink.decision_log(query)
+    # Spark runs no batch before it logged the previous one committed, which it does only after this returned: a
+    # decision above ``batch`` was made in a run whose checkpoint went further than this one's.
+    latest = decisions.latest()
+    if latest is not None and latest > batch:
+        raise checkpoint_behind(query, batch, latest, sink.describe())
     # 4. Recover: finish what an earlier commit decided and did not finish.
     for unfinished in decisions.unfinished():
         if unfinished.batch != batch:

@@ -379,6 +379,9 @@ class FileDecisionLog(DecisionLog):
                 kinds[kind].add(int(batch))
         return kinds
 
+    def latest(self) -> int | None:
+        return max(self._batches()["decision"], default=None)
+
     def unfinished(self) -> list[Decision]:
         kinds = self._batches()
         decisions = (self.read(batch) for batch in sorted(kinds["decision"] - kinds["finished"]))

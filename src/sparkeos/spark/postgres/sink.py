@@ -697,6 +697,9 @@ class PostgresDecisionLog(DecisionLog):
         if stale:
             raise self.sink._fenced(self.query, newest, epoch, claimed, run=stale[0])
 
+    def latest(self) -> int | None:
+        return self._execute("SELECT max(batch) FROM {} WHERE query = %s", [self.key])[0][0]
+
     def unfinished(self) -> list[Decision]:
         rows = self._execute("SELECT batch, handles FROM {} WHERE query = %s AND NOT finished ORDER BY batch",
                              [self.key])
@@ -726,6 +729,9 @@ class NoDecisionLog(DecisionLog):
 
     def record(self, decision: Decision) -> Decision:
         return decision
+
+    def latest(self) -> int | None:
+        return None
 
     def unfinished(self) -> list[Decision]:
         return []

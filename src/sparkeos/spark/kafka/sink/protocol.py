@@ -90,6 +90,7 @@ from pyspark import TaskContext
 
 from ... import failpoints
 from ...client_cache import ClientCache, ClientCallStuck, call_with_deadline
+from ...two_phase_commit import checkpoint_behind
 from ...visible_latency import TimestampTally
 from ..cluster import WARMUP_TIMEOUT_S, connect_to_a_known_broker
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
@@ -230,6 +231,8 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
     writer, committed, began, buffered = _set_up_while_reading_ahead(key, create, put_back, batch, query_id,
                                                                      scan_records, batches)
     try:
+        if committed is not None and committed > batch:
+            raise checkpoint_behind(query_id, batch, committed, f"the marker of {transactional_id}")
         if buffered is None:
             # Empty tasks write no transaction at all. One whose marker shows this batch is a replay that gave the
             # records it committed to another task, which has not committed the batch and would write them again.
