@@ -22,6 +22,9 @@ Tasks, once per attempt of (B, partition p), on an executor:
 
 The driver, in ``commit(messages, B)`` once every task of B succeeded:
 
+0. Refuse to go on if the log holds a decision of a batch above B: Spark runs B only after it logged B - 1
+   committed, which it does only after this commit returned, so such a decision was made in a run whose checkpoint
+   went further than this one's (restored, or copied while the query went on), and Spark has planned B anew.
 4. Recover: finish every decision of Q that is not finished (a crash between steps 5 and 7 left it so).
 5. Decide: if B already has a decision (Spark replays a batch it had not logged as committed when the driver
    died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``,
