@@ -1,4 +1,4 @@
-"""The invariant of `sparkeos.spark.two_phase_commit` (stated in its module docstring), tested in one place.
+"""The invariant of `sparkeos.spark.two_phase_commit` (stated in its package docstring), tested in one place.
 
 A small directory-based sink runs the protocol under a stand-in for Spark's micro-batch loop: tasks are retried
 when they fail, a speculative copy of a task pre-commits beside it, Spark's commit log is written only after the

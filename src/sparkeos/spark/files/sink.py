@@ -19,10 +19,9 @@ The protocol (decisions, recovery) is `sparkeos.spark.two_phase_commit`'s.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import quote
@@ -31,7 +30,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .. import failpoints
-from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
+from ..two_phase_commit import (
+    DecisionLog,
+    FileDecisionLog,
+    Handle,
+    TaskAttempt,
+    TwoPhaseCommitSink,
+    parse_handle_id,
+)
 from .formats import FormatWriter, file_extension
 from .options import FileSinkOptions
 from .s3 import S3Client
@@ -254,9 +260,9 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         selector = pafs.FileSelector(self._staging_dir(query), allow_not_found=True)
         found = []
         for info in self.fs.get_file_info(selector):
-            batch = info.base_name.split("-", 1)[0]
-            if info.type == pafs.FileType.Directory and batch.isdigit():
-                found.append((info.base_name, int(batch)))
+            parsed = parse_handle_id(info.base_name)
+            if info.type == pafs.FileType.Directory and parsed is not None:
+                found.append((info.base_name, parsed[0]))
         return found
 
     def decision_log(self, query: str) -> DecisionLog:
@@ -281,30 +287,6 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return details
 
 
-def _create_local_file_exclusively(path: str, data: bytes) -> bool:
-    """Write ``path`` whole unless it exists; whether this call created it. The bytes go to a temporary file that
-    is synced and then linked to ``path`` (link, unlike rename, fails if the name exists), so the name never
-    shows a partial file, and a decision survives a power cut once recorded."""
-    directory = os.path.dirname(path)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
-    with open(temporary, "wb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(temporary)
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    return True
-
-
 def quote_name(name: str) -> str:
     return quote(name, safe=" ")
 
@@ -315,93 +297,3 @@ class FileSinkPathError(ValueError):
 
 class FileSinkCommitError(RuntimeError):
     """A pre-committed file is missing when the driver commits it."""
-
-
-class FileDecisionLog(DecisionLog):
-    """Decisions as files beside the staging area: ``<batch>.decision`` and an empty ``<batch>.finished`` once its
-    files are published.
-
-    A decision is created, never replaced, so that two drivers of one query (a driver retried by the cluster manager
-    while the old one runs on, a copied checkpoint) agree on one decision per batch: locally a complete, synced
-    temporary file is linked to its name, which fails if the name exists; on S3 a conditional PUT (If-None-Match)
-    creates it only if no object is there. Either way it is whole or absent. Other file systems have no exclusive
-    create that pyarrow reaches: there the decision is checked for and then moved into place, which two drivers
-    deciding one batch at the same moment can race."""
-
-    def __init__(self, fs: pafs.FileSystem, directory: str, s3: Callable[[], S3Client] | None = None):
-        self.fs = fs
-        self.directory = directory
-        self.s3 = s3  # the sink's S3 client, made once per process, for a file system of type s3
-
-    def _path(self, batch: int, kind: str) -> str:
-        return f"{self.directory}/{batch}.{kind}"
-
-    def read(self, batch: int) -> Decision | None:
-        try:
-            with self.fs.open_input_stream(self._path(batch, "decision")) as stream:
-                return Decision.from_bytes(stream.read())
-        except FileNotFoundError:
-            return None
-
-    def record(self, decision: Decision) -> Decision:
-        self.fs.create_dir(self.directory, recursive=True)
-        final = self._path(decision.batch, "decision")
-        data = decision.to_bytes()
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            created = _create_local_file_exclusively(final, data)
-        elif self.fs.type_name == "s3":
-            created = self.s3().put_if_absent(final, data)
-        else:
-            created = self.read(decision.batch) is None
-            if created:
-                temporary = f"{self.directory}/.{decision.batch}.decision-{uuid.uuid4().hex[:8]}"
-                self._write(temporary, data)
-                self.fs.move(temporary, final)
-        if created:
-            return decision
-        held = self.read(decision.batch)
-        if held is None:
-            raise FileSinkCommitError(f"the decision {final} exists, yet cannot be read")
-        return held
-
-    def _write(self, path: str, data: bytes) -> None:
-        with self.fs.open_output_stream(path) as stream:
-            stream.write(data)
-
-    def recorded_at(self, batch: int) -> datetime | None:
-        return self.fs.get_file_info(self._path(batch, "decision")).mtime
-
-    def _batches(self) -> dict[str, set[int]]:
-        kinds: dict[str, set[int]] = {"decision": set(), "finished": set()}
-        for info in self.fs.get_file_info(pafs.FileSelector(self.directory, allow_not_found=True)):
-            batch, _, kind = info.base_name.partition(".")
-            if batch.isdigit() and kind in kinds:
-                kinds[kind].add(int(batch))
-        return kinds
-
-    def latest(self) -> int | None:
-        return max(self._batches()["decision"], default=None)
-
-    def unfinished(self) -> list[Decision]:
-        kinds = self._batches()
-        decisions = (self.read(batch) for batch in sorted(kinds["decision"] - kinds["finished"]))
-        return [decision for decision in decisions if decision is not None]
-
-    def finish(self, batch: int) -> None:
-        self._write(self._path(batch, "finished"), b"")
-
-    def forget_before(self, batch: int) -> None:
-        # The decision goes first: a crash in between leaves a finished mark without a decision, which lists as
-        # neither unfinished nor decided, and is removed by the next forget. The other order would leave a decision
-        # that looks unfinished, whose files a later commit would publish again (or, pruned since, fail on).
-        kinds = self._batches()
-        for old in sorted(kinds["finished"]):
-            if old < batch:
-                self._delete_if_there(self._path(old, "decision"))
-                self._delete_if_there(self._path(old, "finished"))
-
-    def _delete_if_there(self, path: str) -> None:
-        try:
-            self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass

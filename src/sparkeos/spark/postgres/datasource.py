@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from ..gc_pause import freeze_planner_worker_once
-from ..options import batch_write_id
-from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
+from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitDataSource
 from .options import parse_postgres_sink_options
 from .sink import PostgresSink
 
@@ -27,14 +24,13 @@ class PostgresBatchWriter(TwoPhaseCommitBatchWriter):
             self.sink.forget(self.query)
 
 
-class PostgresDataSource(DataSource):
+class PostgresDataSource(TwoPhaseCommitDataSource):
+    read_hint = "read its table with any PostgreSQL client, or with Spark's jdbc data source"
+    batch_writer = PostgresBatchWriter
+
     @classmethod
     def name(cls) -> str:
         return "sparkeos.postgres"
-
-    def schema(self) -> StructType:
-        raise ValueError("sparkeos.postgres is a sink: read its table with any PostgreSQL client, or with Spark's "
-                         "jdbc data source")
 
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> PostgresSink:
@@ -43,19 +39,7 @@ class PostgresDataSource(DataSource):
         sink.attach()
         return sink
 
-    def _sink(self, schema: StructType) -> PostgresSink:
+    def sink(self, schema: StructType) -> PostgresSink:
         sink = PostgresSink(parse_postgres_sink_options(self.options), schema)
         sink.prepare()
         return sink
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        if overwrite:
-            raise ValueError("the sparkeos.postgres sink adds rows to its table; use mode('append'), not overwrite")
-        write_id = batch_write_id(self.options, self.name(), streaming=False)
-        return PostgresBatchWriter(self._sink(schema), write_id)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:
-        refuse_complete_mode(self.name(), overwrite)
-        batch_write_id(self.options, self.name(), streaming=True)
-        freeze_planner_worker_once()
-        return TwoPhaseCommitStreamWriter(self._sink(schema))

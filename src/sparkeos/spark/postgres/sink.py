@@ -55,7 +55,7 @@ from psycopg.types.json import Jsonb
 from pyspark.sql.types import StructType
 
 from ..options import duration_ms
-from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink
+from ..two_phase_commit import Decision, DecisionLog, Handle, TaskAttempt, TwoPhaseCommitSink, parse_handle_id
 from .options import DEFAULT_LOCK_TIMEOUT, PostgresSinkOptions
 from .types import UnsupportedColumnType, accepts, converter, postgres_type
 
@@ -428,9 +428,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         if task is not None and self.options.exactly_once:
             try:
                 with self.connect() as connection:
-                    earlier = [self.gid(task.query, handle_id) for handle_id, batch in
+                    earlier = [self.gid(task.query, handle_id) for handle_id, _batch in
                                self._pending(connection, task.query)
-                               if batch == task.batch and handle_id.split("-")[1] == str(task.partition)
+                               if parse_handle_id(handle_id)[:2] == (task.batch, task.partition)
                                and handle_id != self.handle_id(task)]
             except (psycopg.Error, PostgresSinkError):
                 earlier = []
@@ -529,9 +529,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         for (gid,) in connection.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                                          "AND starts_with(gid, %s)", [prefix]):
             handle_id = gid[len(prefix):]
-            batch = handle_id.split("-", 1)[0]
-            if batch.isdigit():
-                found.append((handle_id, int(batch)))
+            parsed = parse_handle_id(handle_id)
+            if parsed is not None:
+                found.append((handle_id, parsed[0]))
         return found
 
     @staticmethod

@@ -1,0 +1,77 @@
+"""Two-phase commit for Spark sinks: Flink's ``TwoPhaseCommitSinkFunction`` on Spark's Python Data Source API.
+
+A sink implements :class:`TwoPhaseCommitSink` (``sink.py``: how a transaction is begun, written, pre-committed,
+committed and aborted, where the pre-committed ones are listed, and a :class:`DecisionLog`, for which
+:class:`FileDecisionLog` serves any file system); :class:`TwoPhaseCommitDataSource` makes it a Spark data source
+whose writers (``writers.py``) run the protocol below (``protocol.py``). ``sparkeos.files`` and ``sparkeos.postgres``
+are built on it.
+
+Invariant
+---------
+For every micro-batch B of a query Q, the transactions that become visible are exactly those named by one
+decision "Q's batch B commits handles H", which is made durable before any of them is committed and never
+changes afterwards. Every other transaction pre-committed for B (failed, retried and speculative task attempts,
+and every attempt of a replay of B that Spark runs after B was decided) is aborted, never committed.
+
+Protocol
+--------
+Tasks, once per attempt of (B, partition p), on an executor:
+
+1. ``begin_transaction``: open a transaction private to this attempt (a staged file, a database transaction).
+2. ``invoke``: write the task's rows into it.
+3. ``pre_commit``: make it durable but invisible, and return its :class:`Handle`, which reaches the driver in the
+   task's commit message. An error in 1-3 aborts the attempt's transaction and fails the task; Spark retries it.
+
+The driver, in ``commit(messages, B)`` once every task of B succeeded:
+
+0. Refuse to go on if the log holds a decision of a batch above B: Spark runs B only after it logged B - 1
+   committed, which it does only after this commit returned, so such a decision was made in a run whose checkpoint
+   went further than this one's (restored, or copied while the query went on), and Spark has planned B anew.
+4. Recover: finish every decision of Q that is not finished (a crash between steps 5 and 7 left it so).
+5. Decide: if B already has a decision (Spark replays a batch it had not logged as committed when the driver
+   died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``,
+   unless another driver of Q recorded a decision of B first, which then holds.
+6. Commit every handle of the decision. A commit is idempotent: after a crash it is repeated, and finds done what
+   was done.
+7. Mark the decision finished, then abort every transaction of Q the sink still holds for a batch <= B that no
+   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), and
+   forget decisions older than ``RETAINED_DECISIONS`` batches.
+
+``abort(messages, B)``, which Spark calls when a task or the driver's commit failed, aborts the handles of
+``messages`` unless a decision names them: a commit that failed after step 5 must leave its handles for step 4.
+
+Why this is exactly once: only a decision publishes, a batch is decided once, and its handles are committed
+until done (steps 4-6), whichever driver gets there; Spark re-runs B from its checkpointed input until B is in
+its commit log, which Spark writes only after ``commit(messages, B)`` returned, so step 7 has happened by then.
+What it needs from a sink: pre-committed work that survives the task and the driver (a file, a prepared database
+transaction), a commit and an abort that can be repeated, and a decision log whose ``record`` is atomic.
+
+Batch writes (``df.write``) run the same protocol with B = 0 and Q ``write-<id>``, the id the option ``writeId``
+names or one drawn once per write. A write has no later batch to finish a decision it failed after: its ``abort``
+finishes it (steps 4-7), so a failed write is never left half published. Run again under the same ``writeId``, a
+write finds its decision and publishes nothing more.
+"""
+
+
+from .datasource import TwoPhaseCommitDataSource
+from .file_decision_log import FileDecisionLog
+from .handles import Decision, Handle, TaskAttempt, parse_handle_id
+from .protocol import (
+    RETAINED_DECISIONS,
+    CheckpointBehindSink,
+    PreCommitted,
+    abort_batch,
+    checkpoint_behind,
+    commit_batch,
+    task_attempt,
+    write_task,
+)
+from .sink import DecisionLog, Transaction, TwoPhaseCommitSink
+from .writers import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
+
+__all__ = [
+    "RETAINED_DECISIONS", "CheckpointBehindSink", "Decision", "DecisionLog", "FileDecisionLog", "Handle",
+    "PreCommitted", "TaskAttempt", "Transaction", "TwoPhaseCommitBatchWriter", "TwoPhaseCommitDataSource",
+    "TwoPhaseCommitSink", "TwoPhaseCommitStreamWriter", "abort_batch", "checkpoint_behind", "commit_batch",
+    "parse_handle_id", "refuse_complete_mode", "task_attempt", "write_task",
+]

@@ -1,0 +1,41 @@
+"""A Spark data source for a two-phase-commit sink: the sink says how to build itself, this does the rest."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from pyspark.sql.datasource import DataSource, DataSourceWriter
+from pyspark.sql.types import StructType
+
+from ..gc_pause import freeze_planner_worker_once
+from ..options import batch_write_id
+from .sink import TwoPhaseCommitSink
+from .writers import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
+
+
+class TwoPhaseCommitDataSource(DataSource):
+    """Streams (append mode) and batch writes (``mode("append")``, with an optional ``writeId``) into the sink that
+    ``sink(schema)`` builds from ``self.options``, checked before the query writes. A subclass names itself
+    (``name()``) and may say how to read what it wrote (``read_hint``)."""
+
+    read_hint = "read what it wrote with the reader of its store"
+    batch_writer: type[TwoPhaseCommitBatchWriter] = TwoPhaseCommitBatchWriter
+
+    @abstractmethod
+    def sink(self, schema: StructType) -> TwoPhaseCommitSink:
+        """The sink for rows of ``schema`` at the target ``self.options`` name, ready to write (checked, prepared)."""
+
+    def schema(self) -> StructType:
+        raise ValueError(f"{self.name()} is a sink: {self.read_hint}")
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise ValueError(f"the {self.name()} sink adds to what it holds; use mode('append'), not overwrite")
+        write_id = batch_write_id(self.options, self.name(), streaming=False)
+        return self.batch_writer(self.sink(schema), write_id)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:  # noqa: N802 - Spark's
+        refuse_complete_mode(self.name(), overwrite)
+        batch_write_id(self.options, self.name(), streaming=True)
+        freeze_planner_worker_once()
+        return TwoPhaseCommitStreamWriter(self.sink(schema))

@@ -1,0 +1,137 @@
+"""The protocol's steps, numbered as in the package's docstring: tasks' steps 1-3, the driver's 0 and 4-7, and
+Spark's abort."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import WriterCommitMessage
+
+from .. import failpoints
+from ..reports import log
+from ..task_context import spark_task, streaming_task
+from ..visible_latency import TimestampTally
+from .handles import Decision, Handle, TaskAttempt
+from .sink import DecisionLog, TwoPhaseCommitSink
+
+RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
+
+
+class PreCommitted(WriterCommitMessage):
+    """A task's commit message: its handle, or none when it had no rows, and its rows' timestamps."""
+
+    def __init__(self, query: str, batch: int, partition: int, handle: Handle | None,
+                 timestamps: TimestampTally | None = None):
+        self.query = query
+        self.batch = batch
+        self.partition = partition
+        self.handle = handle
+        self.timestamps = timestamps
+
+
+def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAttempt:
+    """This task's place: the streaming query's id and batch id unless both are given (a batch write's), its
+    partition, a fresh attempt id."""
+    if query is None or batch is None:
+        query, batch, partition = streaming_task()
+    else:
+        partition = spark_task().partitionId()
+    return TaskAttempt(query, batch, partition, uuid.uuid4().hex[:12])
+
+
+def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
+    """Steps 1-3 for one task attempt."""
+    transaction = None
+    timestamps = TimestampTally()
+    try:
+        for rows in batches:
+            if rows.num_rows == 0:
+                continue
+            if transaction is None:
+                # 1. begin, at the first row: a task without rows holds no transaction at all.
+                transaction = sink.begin_transaction(task)
+            # 2. invoke
+            sink.invoke(transaction, rows)
+            timestamps.add(rows)
+        if transaction is None:
+            return PreCommitted(task.query, task.batch, task.partition, None)
+        # 3. pre-commit
+        handle = sink.pre_commit(transaction, task)
+    except BaseException:
+        if transaction is not None:
+            try:
+                sink.abort_transaction(transaction)
+            except Exception:  # the task's own error is the one to report
+                log.exception("aborting the transaction of task %s failed", task.handle_id)
+        raise
+    failpoints.fire("2pc.task_pre_committed")
+    return PreCommitted(task.query, task.batch, task.partition, handle, timestamps if timestamps.counts else None)
+
+
+class CheckpointBehindSink(RuntimeError):
+    """Spark runs a batch below one the sink already committed for the query: its checkpoint went back."""
+
+
+def checkpoint_behind(query: str, batch: int, latest: int, where: str) -> CheckpointBehindSink:
+    return CheckpointBehindSink(
+        f"{where} holds batch {latest} of query {query} committed, and Spark now runs batch {batch}: the query's "
+        "checkpoint is behind its output (restored from a backup, or copied while the query went on). Spark plans "
+        "the batches after its checkpoint anew, so taking them for the ones committed before would lose or double "
+        "what the two plans differ by. Run the query from the checkpoint that wrote batch "
+        f"{latest}; to write the output again, start it with a new checkpoint (a new query id)."
+    )
+
+
+def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> Decision:
+    """Steps 4-7 for batch ``batch`` of ``query``; returns the decision that holds."""
+    decisions = sink.decision_log(query)
+    # Spark runs no batch before it logged the previous one committed, which it does only after this returned: a
+    # decision above ``batch`` was made in a run whose checkpoint went further than this one's.
+    latest = decisions.latest()
+    if latest is not None and latest > batch:
+        raise checkpoint_behind(query, batch, latest, sink.describe())
+    # 4. Recover: finish what an earlier commit decided and did not finish.
+    for unfinished in decisions.unfinished():
+        if unfinished.batch != batch:
+            _finish(sink, decisions, unfinished)
+    # 5. Decide, unless this batch was decided before.
+    decision = decisions.read(batch)
+    if decision is None:
+        decision = Decision(query, batch, tuple(sorted(handles, key=lambda h: h.partition)))
+        if handles:  # a batch without rows has nothing to publish, and its replay has none either
+            failpoints.fire("2pc.deciding")
+            decision = decisions.record(decision)
+    # 6. and 7. Commit every handle, mark the decision finished, abort the rest.
+    if decision.handles:
+        failpoints.fire("2pc.decided")
+        _finish(sink, decisions, decision)
+    named = {h.id for d in decisions.unfinished() for h in d.handles}
+    for handle_id, handle_batch in list(sink.pending(query)):
+        if handle_batch <= batch and handle_id not in named:
+            sink.abort(query, handle_id)
+    decisions.forget_before(batch - RETAINED_DECISIONS + 1)
+    return decision
+
+
+def _finish(sink: TwoPhaseCommitSink, decisions: DecisionLog, decision: Decision) -> None:
+    for number, handle in enumerate(decision.handles):
+        if number == 1:
+            failpoints.fire("2pc.between_commits")
+        sink.commit(handle)
+    failpoints.fire("2pc.committed")
+    decisions.finish(decision.batch)
+
+
+def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> int:
+    """Abort the handles no decision names; returns how many were aborted."""
+    # The commit that failed may have lost the answer to its decision's record, which may still be under way.
+    decision = sink.decision_log(query).read_settled(batch)
+    named = {h.id for h in decision.handles} if decision else set()
+    aborted = 0
+    for handle in handles:
+        if handle.id not in named:
+            sink.abort(query, handle.id)
+            aborted += 1
+    return aborted
