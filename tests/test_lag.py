@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pyspark.errors import StreamingQueryException
 
 from sparkeos.cli import main
 from support.crash import batch_end_offsets, committed_batches, planned_batches
+from support.ports import free_port
 from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
 # --- independent views of the cluster and the checkpoint -------------------------------------------------------
@@ -170,12 +170,6 @@ def write_checkpoint(path: Path, offsets: dict[int, list[str]], commits: list[in
     for batch in commits:
         (path / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
     return path
-
-
-def closed_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        return listener.getsockname()[1]
 
 
 # --- a Spark query's checkpoint ------------------------------------------------------------------------------
@@ -401,7 +395,7 @@ def test_runtime_errors_exit_1_naming_the_problem(broker, tmp_path, capsys):
         assert (code, out) == (1, ""), (args, err)
         assert message in err, (args, err)
 
-    unreachable = f"127.0.0.1:{closed_port()}"
+    unreachable = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     code, out, err = lag(capsys, unreachable, "--group", "g", "--timeout", "1")
     assert time.monotonic() - started < 10

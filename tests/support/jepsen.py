@@ -48,7 +48,6 @@ from __future__ import annotations
 import bisect
 import logging
 import random
-import socket
 import threading
 import time
 import uuid
@@ -63,6 +62,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.broker import BrokerProcess
 from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, read_records
+from support.ports import free_port
 from support.tcp_proxy import TcpProxy
 
 log = logging.getLogger(__name__)
@@ -628,12 +628,6 @@ class FaultInjector(threading.Thread):
             "delay": counters["chunks_delayed"],
             "split": counters["chunks_split"],
         }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _close(client: Producer) -> None:

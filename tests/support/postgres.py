@@ -10,10 +10,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from support.ports import free_port
 
 PASSWORD_USER = "sparkeos_password_user"
 PASSWORD = "right-password"
@@ -26,12 +27,6 @@ def postgres_bin() -> Path:
     if not found:
         raise RuntimeError("no PostgreSQL server found under /usr/lib/postgresql (apt-get install postgresql)")
     return Path(found[-1]).parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PostgresServer:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -29,16 +28,11 @@ from support.crash import (
     process_tree,
     wait_until_no_tagged_processes,
 )
+from support.ports import free_port
 from support.spark import wait_for
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 MASTER_HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class StandaloneCluster:

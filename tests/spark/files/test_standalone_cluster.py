@@ -37,13 +37,13 @@ from support.file_sink import (
     staging_entries,
 )
 from support.pipeline_job import STOPPED_LINE
+from support.ports import free_port
 from support.spark import create_topic, unique, wait_for
 from support.standalone_cluster import (
     StandaloneCluster,
     active_tasks,
     check_executor_python,
     executor_id,
-    free_port,
 )
 
 SOURCE_PARTITIONS = 4

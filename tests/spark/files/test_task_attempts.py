@@ -39,8 +39,9 @@ from support.file_sink import (
     staging_entries,
 )
 from support.pipeline_job import STOPPED_LINE
+from support.ports import free_port
 from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique, wait_for
-from support.standalone_cluster import StandaloneCluster, free_port
+from support.standalone_cluster import StandaloneCluster
 
 FAILPOINT = "2pc.task_pre_committed"
 STARTUP_TIMEOUT_S = 240

@@ -18,6 +18,7 @@ from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import assert_exactly_once, count_records, read_records, read_values
 from support.crash import Driver, command_line, descendants, pipeline_job_args
+from support.ports import free_port
 from support.spark import (
     CLIENT_CACHE_TIMEOUT_S,
     arm_failpoint,
@@ -427,7 +428,6 @@ def test_input_read_ahead_while_the_writer_is_set_up_is_written_whole_and_in_ord
 
 def test_input_failing_while_the_writer_is_set_up_fails_the_task_at_once(spark):
     """The set-up here would wait for an unreachable cluster; the task reports the input's own error first."""
-    import socket
     import time
 
     import pyarrow as pa
@@ -435,9 +435,7 @@ def test_input_failing_while_the_writer_is_set_up_fails_the_task_at_once(spark):
     from sparkeos.spark.kafka.options import parse_sink_options
     from sparkeos.spark.kafka.sink.writers import KafkaBatchWriter
 
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
+    port = free_port()
     options = parse_sink_options({"kafka.bootstrap.servers": f"127.0.0.1:{port}", "topic": "anything"})
     writer = KafkaBatchWriter(options, 8)
 

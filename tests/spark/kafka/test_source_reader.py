@@ -5,7 +5,6 @@ Correctness only; the stalls these paths avoid are measured by benchmarks/pipeli
 from __future__ import annotations
 
 import gc
-import socket
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from sparkeos.spark.kafka.source import range_reader
 from sparkeos.spark.kafka.source.offsets import DataLossError
 from sparkeos.spark.kafka.source.planner import KafkaRange
 from sparkeos.spark.kafka.source.range_reader import read_range
+from support.ports import free_port
 
 
 @pytest.fixture
@@ -58,9 +58,7 @@ def test_one_cached_consumer_reads_ranges_of_topics_it_has_not_seen(broker, read
 
 
 def test_learning_a_topic_from_an_unreachable_cluster_gives_up_quietly():
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
+    port = free_port()
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "unreachable", "log_level": 0})
     try:
         # Raises nothing: only the read itself reports an unreachable cluster (after kafkaConsumer.pollTimeoutMs).
