@@ -126,6 +126,11 @@ def test_a_bad_target_is_named(args: list[str], message: str):
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def test_abort_of_a_query_with_nothing_pending_is_refused_naming_it(tmp_path: Path):
+    done = sinks("abort", "sparkeos.files", "-o", f"path={tmp_path}", "--query", "q-typo", "--older-than", "0s")
+    assert done.returncode == 2 and "holds nothing pending of query 'q-typo'" in done.stderr, done.stderr
+
+
 def test_abort_takes_a_duration(tmp_path: Path):
     done = sinks("abort", "sparkeos.files", "-o", f"path={tmp_path}", "--query", "q", "--older-than", "soon")
     assert done.returncode == 2 and "--older-than must be a duration" in done.stderr, done.stderr

@@ -59,8 +59,9 @@ def list_pending(sink: TwoPhaseCommitSink, query: str | None = None) -> list[Pen
             work.append(PendingWork(name, decision.batch, DECISION, f"decision of batch {decision.batch}",
                                     log.recorded_at(decision.batch), True,
                                     sum(h.records for h in decision.handles)))
-        details = sink.pending_details(name)
-        for handle_id, batch in sink.pending(name):
+        pending = list(sink.pending(name))
+        details = sink.pending_details(name, [handle_id for handle_id, _batch in pending])
+        for handle_id, batch in pending:
             shown, since = details.get(handle_id, (handle_id, None))
             work.append(PendingWork(name, batch, TRANSACTION, shown, since, handle_id in named, None, handle_id))
     return sorted(work, key=lambda w: (w.query, w.batch, w.kind != DECISION, w.name))
@@ -79,6 +80,10 @@ def abort_query(sink: TwoPhaseCommitSink, query: str, older_than_s: float,
                 now: datetime | None = None) -> AbortOutcome:
     """Abort the pre-committed transactions of ``query`` that no decision names and that are older than
     ``older_than_s`` (those of unknown age count as old), after fencing the query where the sink can."""
+    queries = sorted(set(sink.queries()))
+    if query not in queries:
+        raise ValueError(f"{sink.describe()} holds nothing pending of query {query!r}; queries with pending work: "
+                         f"{', '.join(queries) or 'none'}")
     outcome = AbortOutcome(query, sink.fence(query))
     # Listed after the fence: a decision recorded before it is seen here, and none can be recorded after it.
     now = now or datetime.now(UTC)

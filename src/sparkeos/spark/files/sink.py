@@ -275,10 +275,10 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
         return [info.base_name for info in self.fs.get_file_info(selector)
                 if info.type == pafs.FileType.Directory and not info.base_name.startswith(".")]
 
-    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
+    def pending_details(self, query: str, handle_ids: list[str]) -> dict[str, tuple[str, datetime | None]]:
         shown = f"{self.options.path.rstrip('/')}/{CONTROL_DIR}/{query}/staging"
         details = {}
-        for handle_id, _batch in self.pending(query):
+        for handle_id in handle_ids:
             directory = f"{self._staging_dir(query)}/{handle_id}"
             # An object store's directories have no time of their own: their files' newest is when they were staged.
             times = [info.mtime for info in self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))

@@ -601,7 +601,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                 self._decisions_sql()), [len(suffix), suffix]))
         return sorted(found)
 
-    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
+    def pending_details(self, query: str, handle_ids: list[str]) -> dict[str, tuple[str, datetime | None]]:
         prefix = f"{GID_PREFIX}{self.scoped(query)}-"
         return {gid[len(prefix):]: (gid, prepared) for gid, prepared in self._driver_connection().execute(
             "SELECT gid, prepared FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)",

@@ -103,8 +103,9 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
         """Every query that holds pre-committed transactions or unfinished decisions here."""
         raise NotImplementedError(f"{self.describe()} cannot list the queries it holds work of")
 
-    def pending_details(self, query: str) -> dict[str, tuple[str, datetime | None]]:
-        """For each handle id of ``pending(query)``: the name its store shows it under, and since when it is there."""
+    def pending_details(self, query: str, handle_ids: list[str]) -> dict[str, tuple[str, datetime | None]]:
+        """For each of ``handle_ids`` (what ``pending(query)`` listed): the name its store shows it under, and since
+        when it is there."""
         return {}
 
     def fence(self, query: str) -> bool:
