@@ -353,7 +353,7 @@ def test_commits_recording_one_batch_at_once_all_keep_the_first_decision(postgre
         driver.prepare()
         driver.run = drivers[0].run  # one run's commit, on six connections
     with postgres.connect() as connection:
-        drivers[0]._claim(connection, query)
+        drivers[0]._claim(connection, query, drivers[0].run)
     for batch in range(3):
         decisions = [Decision(query, batch, (Handle(f"{batch}-0-{n}-{drivers[0].run}", batch, 0, 10),))
                      for n in range(len(drivers))]

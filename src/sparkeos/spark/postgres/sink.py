@@ -315,7 +315,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         connection = self.connect()
         try:
             if self.options.exactly_once:
-                epoch = self._claim(connection, task.query)
+                epoch = self._claim(connection, task.query, self.run)
                 if PostgresDecisionLog(self, task.query, connection).read(task.batch) is not None:
                     connection.close()
                     return TaskTransaction(None, None)
@@ -345,13 +345,13 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
                            "ELSE current_setting('lock_timeout') END, false)",
                            [f"{duration_ms(DEFAULT_LOCK_TIMEOUT)}ms"])
 
-    def _claim(self, connection: psycopg.Connection, query: str) -> int:
-        """This run's epoch for ``query``: the newest run's, or the next one when this run is new; raises
+    def _claim(self, connection: psycopg.Connection, query: str, run: str) -> int:
+        """The epoch of ``run`` for ``query``: the newest run's, or the next one when ``run`` is new; raises
         ``RunFenced`` when a newer run claimed since."""
         key = self.scoped(query)
         row = connection.execute(sql.SQL("SELECT run, epoch FROM {} WHERE query = %s").format(self._fences_sql()),
                                  [key]).fetchone()
-        if row is not None and row[0] == self.run:
+        if row is not None and row[0] == run:
             return row[1]
         with connection.transaction():
             connection.execute(sql.SQL("INSERT INTO {} (query, run, epoch) VALUES (%s, '', 0) ON CONFLICT DO NOTHING"
@@ -360,21 +360,21 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
             newest, epoch, claimed = connection.execute(sql.SQL(
                 "SELECT run, epoch, claimed FROM {} WHERE query = %s FOR UPDATE").format(self._fences_sql()),
                 [key]).fetchone()
-            if newest == self.run:
+            if newest == run:
                 return epoch
             if connection.execute(sql.SQL("SELECT 1 FROM {} WHERE query = %s AND run = %s").format(self._runs_sql()),
-                                  [key, self.run]).fetchone():
-                raise self._fenced(query, newest, epoch, claimed)
+                                  [key, run]).fetchone():
+                raise self._fenced(query, run, newest, epoch, claimed)
             epoch += 1
             connection.execute(sql.SQL("UPDATE {} SET run = %s, epoch = %s, claimed = now() WHERE query = %s"
-                                       ).format(self._fences_sql()), [self.run, epoch, key])
+                                       ).format(self._fences_sql()), [run, epoch, key])
             connection.execute(sql.SQL("INSERT INTO {} (query, run, epoch) VALUES (%s, %s, %s)").format(
-                self._runs_sql()), [key, self.run, epoch])
+                self._runs_sql()), [key, run, epoch])
         return epoch
 
-    def _fenced(self, query: str, newest: str, epoch: int, claimed: Any, run: str | None = None) -> RunFenced:
+    def _fenced(self, query: str, run: str, newest: str, epoch: int, claimed: Any) -> RunFenced:
         return RunFenced(
-            f"run {run or self.run} of query {query} (table {self.table}) was superseded by run {newest} (epoch "
+            f"run {run} of query {query} (table {self.table}) was superseded by run {newest} (epoch "
             f"{epoch}, started {claimed:%Y-%m-%d %H:%M:%S %Z}): another driver of the same query runs (a driver "
             "retried while this one still runs, or a copy of the checkpoint). Only the newest run writes and "
             "decides; this one stops, and the newer run rolls back what it prepared")
@@ -612,11 +612,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         can then record no decision, and its next run claims a newer epoch and goes on."""
         if not self.options.exactly_once:
             return False
-        operator = PostgresSink(self.options, self.schema)
-        operator.decisions_schema, operator.target = self.decisions_schema, self.target
         with self.connect() as connection:
             self._create_control_tables(connection)
-            operator._claim(connection, query)
+            self._claim(connection, query, f"operator{uuid.uuid4().hex[:8]}")
         return True
 
     def forget(self, query: str) -> None:
@@ -695,7 +693,7 @@ class PostgresDecisionLog(DecisionLog):
         newest, epoch, claimed = fence
         stale = sorted(runs - {newest})
         if stale:
-            raise self.sink._fenced(self.query, newest, epoch, claimed, run=stale[0])
+            raise self.sink._fenced(self.query, stale[0], newest, epoch, claimed)
 
     def latest(self) -> int | None:
         return self._execute("SELECT max(batch) FROM {} WHERE query = %s", [self.key])[0][0]
