@@ -6,6 +6,10 @@ sink's commit returns, and a crash anywhere makes the loop start again from its 
 crash is injected at every step the sink and its decision log take, one run per step; after each run every record
 is published exactly once, nothing pre-committed is left pending, and no record was ever published twice, checked
 at every step of the run.
+
+The sink comes in two kinds: one with the five methods a sink must have, whose pending work and decisions the
+framework keeps (its attempt journal and file decision log, whose every step is a crash point too), and one that
+lists its pending work and keeps its decisions itself.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sparkeos.spark.two_phase_commit import (
+    AttemptAborted,
     Decision,
     DecisionLog,
     Handle,
@@ -62,11 +67,13 @@ def published(root: Path) -> list[str]:
 
 class DirectorySink(TwoPhaseCommitSink[dict]):
     """Pre-committed transactions are JSON files under pending/; a commit moves one to published/, under its
-    handle id, so a second commit of the same task's rows would show as duplicated records."""
+    handle id, so a second commit of the same task's rows would show as duplicated records. The five methods only:
+    the framework journals its attempts and records its decisions under control/."""
 
     def __init__(self, root: Path, step: Steps):
         self.root = root
         self.step = step
+        self.control_location = str(root / "control")
         (root / "pending").mkdir(parents=True, exist_ok=True)
         (root / "published").mkdir(exist_ok=True)
 
@@ -98,12 +105,50 @@ class DirectorySink(TwoPhaseCommitSink[dict]):
         self.step("abort")
         (self.root / "pending" / query / f"{handle_id}.json").unlink(missing_ok=True)
 
+    # Not a sink's own methods: the framework's journal and decision log, wrapped so that each of their steps is
+    # counted and can crash.
+    def attempt_journal(self, query: str):
+        journal = super().attempt_journal(query)
+        return None if journal is None else Counted(journal, self.step, JOURNAL_STEPS)
+
+    def decision_log(self, query: str) -> DecisionLog:
+        return Counted(super().decision_log(query), self.step, DECISION_LOG_STEPS)
+
+
+class ListingDirectorySink(DirectorySink):
+    """Lists its own pending work and keeps its own decision log, so the framework journals nothing."""
+
     def pending(self, query: str) -> list[tuple[str, int]]:
         self.step("pending")
         return [(p.stem, int(p.stem.split("-")[0])) for p in (self.root / "pending" / query).glob("*.json")]
 
     def decision_log(self, query: str) -> DecisionLog:
         return DirectoryDecisionLog(self.root / "decisions" / query, self.step)
+
+
+JOURNAL_STEPS = {"begin": "journal_begin", "holds": "journal_holds", "end": "journal_end",
+                 "attempts": "journal_list"}
+DECISION_LOG_STEPS = {"read": "read_decision", "read_settled": "read_decision", "record": "record_decision",
+                      "latest": "latest", "unfinished": "unfinished", "finish": "finish",
+                      "forget_before": "forget_before"}
+
+
+class Counted:
+    """The framework's object, each of whose methods named in ``steps`` is first counted as that step."""
+
+    def __init__(self, inner, step: Steps, steps: dict[str, str]):
+        self.inner, self.step, self.steps = inner, step, steps
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self.inner, name)
+        if name not in self.steps:
+            return attribute
+
+        def counted(*args, **kwargs):
+            self.step(self.steps[name])
+            return attribute(*args, **kwargs)
+
+        return counted
 
 
 class DirectoryDecisionLog(DecisionLog):
@@ -173,7 +218,7 @@ def run_task(sink: DirectorySink, query: str, batch: int, partition: int) -> Pre
     raise AssertionError("unreachable")
 
 
-def run_query(root: Path, crash_at: int | None, abort_on_crash: bool = False) -> Steps:
+def run_query(kind: type[DirectorySink], root: Path, crash_at: int | None, abort_on_crash: bool = False) -> Steps:
     """Micro-batches 0..BATCHES-1 as Spark runs them, restarted from its commit log after a driver crash. With
     `abort_on_crash` the crash is an error Spark sees (as an armed failpoint raises): Spark aborts the batch
     first."""
@@ -181,7 +226,7 @@ def run_query(root: Path, crash_at: int | None, abort_on_crash: bool = False) ->
     spark_commit_log: set[int] = set()
     step = Steps(root, crash_at)
     for _restart in range(BATCHES + 2):
-        sink = DirectorySink(root, step)
+        sink = kind(root, step)
         try:
             for batch in range(BATCHES):
                 if batch in spark_commit_log:
@@ -203,36 +248,62 @@ def run_query(root: Path, crash_at: int | None, abort_on_crash: bool = False) ->
     raise AssertionError("the query did not finish")
 
 
+def decisions_dir(root: Path) -> Path:
+    own = root / "decisions" / "q-1"
+    return own if own.exists() else root / "control" / "q-1" / "decisions"
+
+
+def journal(root: Path) -> list[str]:
+    return sorted(path.name for path in (root / "control" / "q-1" / "attempts").glob("*"))
+
+
 def assert_exact(root: Path) -> None:
     assert Counter(published(root)) == expected()
     assert list((root / "pending" / "q-1").glob("*.json")) == [], "pre-committed transactions left pending"
-    unfinished = [p for p in (root / "decisions" / "q-1").glob("*.decision")
-                  if not p.with_suffix(".finished").exists()]
+    unfinished = [p for p in decisions_dir(root).glob("*.decision") if not p.with_suffix(".finished").exists()]
     assert unfinished == []
+    assert journal(root) == [], "attempts left in the journal"
 
 
-def test_a_run_without_crashes_publishes_every_record_once(tmp_path: Path) -> None:
-    step = run_query(tmp_path, crash_at=None)
+KINDS = pytest.mark.parametrize("kind", [DirectorySink, ListingDirectorySink], ids=["five-methods", "own-listing"])
+# Where each kind can crash: its own steps, and the steps of what the framework keeps for it.
+CRASH_STEPS = {
+    DirectorySink: {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision", "commit",
+                    "finish", "abort", "unfinished", "journal_begin", "journal_holds", "journal_end",
+                    "journal_list"},
+    ListingDirectorySink: {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision", "commit",
+                           "finish", "abort", "pending", "unfinished"},
+}
+
+
+@KINDS
+def test_a_run_without_crashes_publishes_every_record_once(tmp_path: Path, kind: type[DirectorySink]) -> None:
+    step = run_query(kind, tmp_path, crash_at=None)
     assert_exact(tmp_path)
     assert {"begin_transaction", "pre_commit", "record_decision", "commit", "finish", "abort"} <= set(step.names)
+    # Only the five-method sink's attempts are journaled, and every one was ended.
+    assert ("journal_begin" in step.names) == (kind is DirectorySink)
 
 
+@KINDS
 @pytest.mark.parametrize("abort_on_crash", [False, True], ids=["killed", "failed-and-aborted"])
-def test_a_crash_at_any_step_leaves_every_record_published_exactly_once(tmp_path: Path, abort_on_crash: bool) -> None:
-    total = run_query(tmp_path / "clean", crash_at=None).count
+def test_a_crash_at_any_step_leaves_every_record_published_exactly_once(
+        tmp_path: Path, kind: type[DirectorySink], abort_on_crash: bool) -> None:
+    total = run_query(kind, tmp_path / "clean", crash_at=None).count
     crashed_at = Counter()
     for crash_at in range(1, total + 1):
         root = tmp_path / f"crash-{crash_at}"
-        step = run_query(root, crash_at, abort_on_crash)
+        step = run_query(kind, root, crash_at, abort_on_crash)
         crashed_at[step.names[crash_at - 1]] += 1
         assert_exact(root)
-    assert set(crashed_at) >= {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision",
-                               "commit", "finish", "abort", "pending", "unfinished"}
+    assert set(crashed_at) >= CRASH_STEPS[kind]
 
 
-def test_a_batch_decided_before_a_crash_is_finished_with_its_own_handles_not_the_replays(tmp_path: Path) -> None:
+@KINDS
+def test_a_batch_decided_before_a_crash_is_finished_with_its_own_handles_not_the_replays(
+        tmp_path: Path, kind: type[DirectorySink]) -> None:
     step = Steps(tmp_path, None)
-    sink = DirectorySink(tmp_path, step)
+    sink = kind(tmp_path, step)
     first = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
     sink.decision_log("q-1").record(Decision("q-1", 0, tuple(h for h in first if h)))  # then the driver died
     replay = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
@@ -240,10 +311,12 @@ def test_a_batch_decided_before_a_crash_is_finished_with_its_own_handles_not_the
     assert {h.id for h in decision.handles} == {h.id for h in first if h}
     assert sorted(p.stem for p in (tmp_path / "published").glob("*.json")) == sorted(h.id for h in first if h)
     assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+    assert journal(tmp_path) == []
 
 
-def test_abort_keeps_the_handles_a_decision_names(tmp_path: Path) -> None:
-    sink = DirectorySink(tmp_path, Steps(tmp_path, None))
+@KINDS
+def test_abort_keeps_the_handles_a_decision_names(tmp_path: Path, kind: type[DirectorySink]) -> None:
+    sink = kind(tmp_path, Steps(tmp_path, None))
     handles = [run_task(sink, "q-1", 0, p).handle for p in range(PARTITIONS)]
     handles = [h for h in handles if h]
     sink.decision_log("q-1").record(Decision("q-1", 0, tuple(handles)))
@@ -253,9 +326,11 @@ def test_abort_keeps_the_handles_a_decision_names(tmp_path: Path) -> None:
     assert len(published(tmp_path)) == sum(h.records for h in handles)
 
 
+@KINDS
 @pytest.mark.parametrize("failing", ["begin_transaction", "invoke", "pre_commit"])
-def test_a_task_that_fails_before_its_pre_commit_leaves_nothing(tmp_path: Path, failing: str) -> None:
-    class FailingSink(DirectorySink):
+def test_a_task_that_fails_before_its_pre_commit_leaves_nothing(tmp_path: Path, kind: type[DirectorySink],
+                                                               failing: str) -> None:
+    class FailingSink(kind):
         def abort_transaction(self, transaction: dict) -> None:
             transaction["aborted"] = True
 
@@ -271,3 +346,47 @@ def test_a_task_that_fails_before_its_pre_commit_leaves_nothing(tmp_path: Path, 
     with pytest.raises(RuntimeError, match=f"{failing} failed"):
         write_task(sink, TaskAttempt("q-1", 0, 0, "a"), iter([rows_of(0, 1)]))
     assert not list((tmp_path / "published").glob("*"))
+
+
+def test_an_attempt_that_failed_after_writing_its_store_is_aborted_by_the_next_commit(tmp_path: Path) -> None:
+    """A task whose executor died after its pre-commit wrote the store, before its message reached the driver: no
+    message names it, and a five-method sink cannot list its store. The journal entry written before its
+    transaction began is what the next commit aborts it by."""
+    class DyingSink(DirectorySink):
+        def pre_commit(self, transaction: dict, task: TaskAttempt) -> Handle:
+            super().pre_commit(transaction, task)
+            raise Crash("the executor died")
+
+    with pytest.raises(Crash):
+        write_task(DyingSink(tmp_path, Steps(tmp_path, None)), TaskAttempt("q-1", 0, 0, "lost"), iter([rows_of(0, 1)]))
+    assert [p.name for p in (tmp_path / "pending" / "q-1").glob("*.json")] == ["0-0-lost.json"]
+    assert journal(tmp_path) == ["0-0-lost"]
+    commit_batch(DirectorySink(tmp_path, Steps(tmp_path, None)), "q-1", 0, [])
+    assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+    assert journal(tmp_path) == []
+
+
+def test_an_attempt_aborted_while_it_ran_discards_what_it_pre_committed(tmp_path: Path) -> None:
+    """A straggling attempt (a speculative copy Spark has not killed yet) whose batch was decided and whose journal
+    entry the driver's commit aborted while it still wrote: it pre-commits after the abort, finds its entry gone,
+    and discards its own transaction instead of leaving it to nobody."""
+    sink = DirectorySink(tmp_path, Steps(tmp_path, None))
+    decided = run_task(sink, "q-1", 0, 1).handle
+
+    def rows_while_the_driver_commits():
+        yield rows_of(0, 1)
+        commit_batch(sink, "q-1", 0, [decided])  # sees the straggler's entry: no decision names it
+
+    with pytest.raises(AttemptAborted, match="0-1-straggler"):
+        write_task(sink, TaskAttempt("q-1", 0, 1, "straggler"), rows_while_the_driver_commits())
+    assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+    assert journal(tmp_path) == []
+    assert Counter(published(tmp_path)) == Counter(rows_of(0, 1).column(0).to_pylist())
+
+
+def test_a_five_method_sink_without_a_control_location_is_refused_naming_it(tmp_path: Path) -> None:
+    sink = DirectorySink(tmp_path, Steps(tmp_path, None))
+    sink.control_location = None
+    with pytest.raises(ValueError, match="control_location"):
+        write_task(sink, TaskAttempt("q-1", 0, 0, "a"), iter([rows_of(0, 1)]))
+    assert list((tmp_path / "pending").glob("*/*.json")) == [], "it began a transaction it could not journal"

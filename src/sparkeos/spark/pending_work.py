@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .two_phase_commit import TwoPhaseCommitSink
+from .two_phase_commit import TwoPhaseCommitSink, discard
 
 KAFKA_FORMAT = "sparkeos.kafka"
 
@@ -96,7 +96,7 @@ def abort_query(sink: TwoPhaseCommitSink, query: str, older_than_s: float,
         elif age is not None and age < older_than_s:
             outcome.too_young.append(work)
         else:
-            sink.abort(query, work.handle_id or work.name)
+            discard(sink, query, work.handle_id or work.name)
             outcome.aborted.append(work)
     return outcome
 

@@ -1,10 +1,12 @@
 """Two-phase commit for Spark sinks: Flink's ``TwoPhaseCommitSinkFunction`` on Spark's Python Data Source API.
 
-A sink implements :class:`TwoPhaseCommitSink` (``sink.py``: how a transaction is begun, written, pre-committed,
-committed and aborted, where the pre-committed ones are listed, and a :class:`DecisionLog`, for which
-:class:`FileDecisionLog` serves any file system); :class:`TwoPhaseCommitDataSource` makes it a Spark data source
-whose writers (``writers.py``) run the protocol below (``protocol.py``). ``sparkeos.files`` and ``sparkeos.postgres``
-are built on it.
+A sink implements :class:`TwoPhaseCommitSink` (``sink.py``): Flink's five methods, how a transaction is begun,
+written, pre-committed, committed and aborted. The framework keeps the rest in a directory of the sink's
+(``control_location``): an :class:`AttemptJournal` of the tasks' attempts, which lists what the store may hold
+pre-committed, and a :class:`FileDecisionLog`. A sink whose store lists its own pre-committed work, or has a better
+place for decisions, overrides ``pending`` or ``decision_log`` (``sparkeos.files`` and ``sparkeos.postgres`` do
+both). :class:`TwoPhaseCommitDataSource` makes a sink a Spark data source whose writers (``writers.py``) run the
+protocol below (``protocol.py``).
 
 Invariant
 ---------
@@ -17,10 +19,14 @@ Protocol
 --------
 Tasks, once per attempt of (B, partition p), on an executor:
 
-1. ``begin_transaction``: open a transaction private to this attempt (a staged file, a database transaction).
+1. ``begin_transaction``: open a transaction private to this attempt (a staged file, a database transaction),
+   named by the attempt's handle id. Where the framework keeps the sink's journal, the attempt is entered in it
+   first, so that no transaction exists that ``pending`` cannot list.
 2. ``invoke``: write the task's rows into it.
 3. ``pre_commit``: make it durable but invisible, and return its :class:`Handle`, which reaches the driver in the
    task's commit message. An error in 1-3 aborts the attempt's transaction and fails the task; Spark retries it.
+   A journaled attempt whose entry the driver removed meanwhile (step 7 of its batch ran without it) aborts what it
+   pre-committed and fails.
 
 The driver, in ``commit(messages, B)`` once every task of B succeeded:
 
@@ -31,11 +37,11 @@ The driver, in ``commit(messages, B)`` once every task of B succeeded:
 5. Decide: if B already has a decision (Spark replays a batch it had not logged as committed when the driver
    died, after the sink had decided it), keep it; else record "B commits H", H the handles of ``messages``,
    unless another driver of Q recorded a decision of B first, which then holds.
-6. Commit every handle of the decision. A commit is idempotent: after a crash it is repeated, and finds done what
-   was done.
+6. Commit every handle of the decision, and end its journal entry. A commit is idempotent: after a crash it is
+   repeated, and finds done what was done.
 7. Mark the decision finished, then abort every transaction of Q the sink still holds for a batch <= B that no
-   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), and
-   forget decisions older than ``RETAINED_DECISIONS`` batches.
+   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), ending
+   each one's journal entry after it, and forget decisions older than ``RETAINED_DECISIONS`` batches.
 
 ``abort(messages, B)``, which Spark calls when a task or the driver's commit failed, aborts the handles of
 ``messages`` unless a decision names them: a commit that failed after step 5 must leave its handles for step 4.
@@ -44,7 +50,8 @@ Why this is exactly once: only a decision publishes, a batch is decided once, an
 until done (steps 4-6), whichever driver gets there; Spark re-runs B from its checkpointed input until B is in
 its commit log, which Spark writes only after ``commit(messages, B)`` returned, so step 7 has happened by then.
 What it needs from a sink: pre-committed work that survives the task and the driver (a file, a prepared database
-transaction), a commit and an abort that can be repeated, and a decision log whose ``record`` is atomic.
+transaction), named by its attempt's handle id; a commit and an abort that can be repeated, the abort finding by that
+id whatever the attempt left; and a decision log whose ``record`` is atomic and never replaces a decision.
 
 Batch writes (``df.write``) run the same protocol with B = 0 and Q ``write-<id>``, the id the option ``writeId``
 names or one drawn once per write. A write has no later batch to finish a decision it failed after: its ``abort``
@@ -53,25 +60,30 @@ write finds its decision and publishes nothing more.
 """
 
 
+from .attempt_journal import AttemptJournal
 from .datasource import TwoPhaseCommitDataSource
+from .decision_log import DecisionLog
 from .file_decision_log import FileDecisionLog
 from .handles import Decision, Handle, TaskAttempt, parse_handle_id
 from .protocol import (
     RETAINED_DECISIONS,
+    AttemptAborted,
     CheckpointBehindSink,
     PreCommitted,
     abort_batch,
     checkpoint_behind,
     commit_batch,
+    discard,
     task_attempt,
     write_task,
 )
-from .sink import DecisionLog, Transaction, TwoPhaseCommitSink
+from .sink import Transaction, TwoPhaseCommitSink
 from .writers import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
 
 __all__ = [
-    "RETAINED_DECISIONS", "CheckpointBehindSink", "Decision", "DecisionLog", "FileDecisionLog", "Handle",
-    "PreCommitted", "TaskAttempt", "Transaction", "TwoPhaseCommitBatchWriter", "TwoPhaseCommitDataSource",
-    "TwoPhaseCommitSink", "TwoPhaseCommitStreamWriter", "abort_batch", "checkpoint_behind", "commit_batch",
-    "parse_handle_id", "refuse_complete_mode", "task_attempt", "write_task",
+    "RETAINED_DECISIONS", "AttemptAborted", "AttemptJournal", "CheckpointBehindSink", "Decision", "DecisionLog",
+    "FileDecisionLog", "Handle", "PreCommitted", "TaskAttempt", "Transaction", "TwoPhaseCommitBatchWriter",
+    "TwoPhaseCommitDataSource", "TwoPhaseCommitSink", "TwoPhaseCommitStreamWriter", "abort_batch",
+    "checkpoint_behind", "commit_batch", "discard", "parse_handle_id", "refuse_complete_mode", "task_attempt",
+    "write_task",
 ]

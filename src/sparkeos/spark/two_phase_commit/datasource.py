@@ -12,11 +12,15 @@ from ..options import batch_write_id
 from .sink import TwoPhaseCommitSink
 from .writers import TwoPhaseCommitBatchWriter, TwoPhaseCommitStreamWriter, refuse_complete_mode
 
+CONTROL_LOCATION_OPTION = "controlLocation"
+
 
 class TwoPhaseCommitDataSource(DataSource):
     """Streams (append mode) and batch writes (``mode("append")``, with an optional ``writeId``) into the sink that
     ``sink(schema)`` builds from ``self.options``, checked before the query writes. A subclass names itself
-    (``name()``) and may say how to read what it wrote (``read_hint``)."""
+    (``name()``) and may say how to read what it wrote (``read_hint``). A sink that leaves its attempts and decisions
+    to the framework and sets no ``control_location`` of its own keeps them where the option ``controlLocation``
+    says, which is then required."""
 
     read_hint = "read what it wrote with the reader of its store"
     batch_writer: type[TwoPhaseCommitBatchWriter] = TwoPhaseCommitBatchWriter
@@ -32,10 +36,25 @@ class TwoPhaseCommitDataSource(DataSource):
         if overwrite:
             raise ValueError(f"the {self.name()} sink adds to what it holds; use mode('append'), not overwrite")
         write_id = batch_write_id(self.options, self.name(), streaming=False)
-        return self.batch_writer(self.sink(schema), write_id)
+        return self.batch_writer(self._ready_sink(schema), write_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseCommitStreamWriter:  # noqa: N802 - Spark's
         refuse_complete_mode(self.name(), overwrite)
         batch_write_id(self.options, self.name(), streaming=True)
         freeze_planner_worker_once()
-        return TwoPhaseCommitStreamWriter(self.sink(schema))
+        return TwoPhaseCommitStreamWriter(self._ready_sink(schema))
+
+    def _ready_sink(self, schema: StructType) -> TwoPhaseCommitSink:
+        sink = self.sink(schema)
+        if sink.needs_control_location() and not sink.control_location:
+            location = self.options.get(CONTROL_LOCATION_OPTION, "").strip()
+            if not location:
+                raise ValueError(
+                    f"the {self.name()} sink needs the option {CONTROL_LOCATION_OPTION}: a directory that the driver "
+                    "and every executor reach (a path, or an s3:// or hdfs:// URI), where the sink's task attempts "
+                    "and batch decisions are recorded; keep it for as long as the query's checkpoint"
+                )
+            sink.control_location = location
+        if sink.needs_control_location():
+            sink.control()
+        return sink

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import pyarrow.fs as pafs
 
+from .decision_log import DecisionLog
 from .handles import Decision
-from .sink import DecisionLog
 
 
 class ConditionalPut(Protocol):
@@ -57,8 +57,8 @@ class FileDecisionLog(DecisionLog):
     while the old one runs on, a copied checkpoint) agree on one decision per batch: locally a complete, synced
     temporary file is linked to its name, which fails if the name exists; on S3 a conditional PUT (If-None-Match)
     creates it only if no object is there. Either way it is whole or absent. Other file systems have no exclusive
-    create that pyarrow reaches: there the decision is checked for and then moved into place, which two drivers
-    deciding one batch at the same moment can race."""
+    create that pyarrow reaches (nor S3 without the client): there the decision is checked for and then moved into
+    place, which two drivers deciding one batch at the same moment can race."""
 
     def __init__(self, fs: pafs.FileSystem, directory: str, s3: Callable[[], ConditionalPut] | None = None):
         self.fs = fs
@@ -81,7 +81,7 @@ class FileDecisionLog(DecisionLog):
         data = decision.to_bytes()
         if isinstance(self.fs, pafs.LocalFileSystem):
             created = create_local_file_exclusively(final, data)
-        elif self.fs.type_name == "s3":
+        elif self.fs.type_name == "s3" and self.s3 is not None:
             created = self.s3().put_if_absent(final, data)
         else:
             created = self.read(decision.batch) is None

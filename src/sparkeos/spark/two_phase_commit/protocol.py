@@ -13,8 +13,10 @@ from .. import failpoints
 from ..reports import log
 from ..task_context import spark_task, streaming_task
 from ..visible_latency import TimestampTally
+from .attempt_journal import AttemptJournal
+from .decision_log import DecisionLog
 from .handles import Decision, Handle, TaskAttempt
-from .sink import DecisionLog, TwoPhaseCommitSink
+from .sink import TwoPhaseCommitSink
 
 RETAINED_DECISIONS = 100  # Spark's spark.sql.streaming.minBatchesToRetain: replays reach no further back
 
@@ -41,16 +43,25 @@ def task_attempt(query: str | None = None, batch: int | None = None) -> TaskAtte
     return TaskAttempt(query, batch, partition, uuid.uuid4().hex[:12])
 
 
+class AttemptAborted(RuntimeError):
+    """The driver aborted this task attempt while it ran: its batch was decided without it."""
+
+
 def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
     """Steps 1-3 for one task attempt."""
     transaction = None
+    journal: AttemptJournal | None = None
     timestamps = TimestampTally()
     try:
         for rows in batches:
             if rows.num_rows == 0:
                 continue
             if transaction is None:
-                # 1. begin, at the first row: a task without rows holds no transaction at all.
+                # 1. begin, at the first row: a task without rows holds no transaction at all. An attempt the sink
+                # cannot list in its store is journaled first, so that whatever it leaves can be found and aborted.
+                journal = sink.attempt_journal(task.query)
+                if journal is not None:
+                    journal.begin(task)
                 transaction = sink.begin_transaction(task)
             # 2. invoke
             sink.invoke(transaction, rows)
@@ -59,6 +70,12 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
             return PreCommitted(task.query, task.batch, task.partition, None)
         # 3. pre-commit
         handle = sink.pre_commit(transaction, task)
+        if journal is not None and not journal.holds(task.handle_id):
+            # A straggler (a speculative copy not killed yet): the driver decided the batch without it and aborted
+            # its entry while it wrote, so what it just pre-committed is no one else's to abort.
+            sink.abort(task.query, task.handle_id)
+            raise AttemptAborted(f"task attempt {task.handle_id} of query {task.query} was aborted by the driver "
+                                 "while it ran: its batch was decided without it")
     except BaseException:
         if transaction is not None:
             try:
@@ -108,20 +125,35 @@ def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list
         failpoints.fire("2pc.decided")
         _finish(sink, decisions, decision)
     named = {h.id for d in decisions.unfinished() for h in d.handles}
+    journal = sink.attempt_journal(query)
     for handle_id, handle_batch in list(sink.pending(query)):
         if handle_batch <= batch and handle_id not in named:
-            sink.abort(query, handle_id)
+            discard(sink, query, handle_id, journal)
     decisions.forget_before(batch - RETAINED_DECISIONS + 1)
     return decision
 
 
 def _finish(sink: TwoPhaseCommitSink, decisions: DecisionLog, decision: Decision) -> None:
+    journal = sink.attempt_journal(decision.query)
     for number, handle in enumerate(decision.handles):
         if number == 1:
             failpoints.fire("2pc.between_commits")
         sink.commit(handle)
+        # Ended only once committed, and the decision marked finished only once every entry is ended: after a crash
+        # the decision is unfinished and names the handle, so the entry is never taken for an attempt to abort.
+        if journal is not None:
+            journal.end(handle.id)
     failpoints.fire("2pc.committed")
     decisions.finish(decision.batch)
+
+
+def discard(sink: TwoPhaseCommitSink, query: str, handle_id: str, journal: AttemptJournal | None = None) -> None:
+    """Abort an attempt's transaction, then its journal entry, if the sink keeps one: an entry is the only trace of
+    an attempt such a sink has, so it goes last."""
+    sink.abort(query, handle_id)
+    journal = journal or sink.attempt_journal(query)
+    if journal is not None:
+        journal.end(handle_id)
 
 
 def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> int:
@@ -130,8 +162,9 @@ def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[
     decision = sink.decision_log(query).read_settled(batch)
     named = {h.id for h in decision.handles} if decision else set()
     aborted = 0
+    journal = sink.attempt_journal(query)
     for handle in handles:
         if handle.id not in named:
-            sink.abort(query, handle.id)
+            discard(sink, query, handle.id, journal)
             aborted += 1
     return aborted

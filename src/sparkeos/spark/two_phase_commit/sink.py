@@ -1,68 +1,44 @@
-"""What a two-phase-commit sink implements, and the log of its decisions."""
+"""What a two-phase-commit sink implements: Flink's five methods, and, where its store can do better than the
+framework's defaults, how its pending work is listed and its decisions recorded."""
 
 from __future__ import annotations
 
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Generic, TypeVar
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
-from .handles import Decision, Handle, TaskAttempt
+from .attempt_journal import AttemptJournal
+from .decision_log import DecisionLog
+from .file_decision_log import FileDecisionLog
+from .handles import Handle, TaskAttempt
 
 Transaction = TypeVar("Transaction")
 
 
-class DecisionLog(ABC):
-    """The durable record of one query's decisions."""
-
-    @abstractmethod
-    def read(self, batch: int) -> Decision | None:
-        """The decision of ``batch``, if one was recorded (and not forgotten)."""
-
-    def read_settled(self, batch: int) -> Decision | None:
-        """``read``, once a ``record`` of ``batch`` that may still be under way (its caller lost the answer) has
-        ended; what an abort reads before it discards handles. Where a record is atomic and immediate, ``read``."""
-        return self.read(batch)
-
-    @abstractmethod
-    def record(self, decision: Decision) -> Decision:
-        """Make ``decision`` durable, atomically (after a crash it is either wholly there or absent), unless a
-        decision of its batch is there already; return the one that holds. Two drivers of one query may decide
-        a batch at the same moment: the first decision recorded is the batch's, and is never replaced."""
-
-    @abstractmethod
-    def latest(self) -> int | None:
-        """The highest batch with a recorded decision, finished or not (never forgotten: see ``forget_before``)."""
-
-    @abstractmethod
-    def unfinished(self) -> list[Decision]:
-        """Recorded decisions not yet marked finished, oldest first."""
-
-    @abstractmethod
-    def finish(self, batch: int) -> None:
-        """Mark the decision of ``batch`` finished: every handle of it is committed."""
-
-    @abstractmethod
-    def forget_before(self, batch: int) -> None:
-        """Drop finished decisions of batches below ``batch``."""
-
-    def recorded_at(self, batch: int) -> datetime | None:
-        """When the decision of ``batch`` was recorded, where the log knows (for ``sparkeos sinks pending``)."""
-        return None
-
-
 class TwoPhaseCommitSink(ABC, Generic[Transaction]):
-    """What a sink implements. Instances are pickled to executors: keep them small, open connections lazily."""
+    """What a sink implements: five methods. Instances are pickled to executors: keep them small, open connections
+    lazily.
+
+    By default the framework keeps the rest under ``control_location``, a directory that the driver and every
+    executor reach (a local path on one machine, or a URI pyarrow opens: ``s3://``, ``hdfs://``): each task's attempt
+    in a journal (``attempt_journal.py``) that ``pending`` lists, and the decisions in a :class:`FileDecisionLog`. A
+    sink whose store can list its own pre-committed work (prepared transactions, staged files) overrides
+    ``pending``, and then nothing is journaled; one with a better place for its decisions overrides
+    ``decision_log``."""
 
     format_name = "two-phase-commit"  # the data source's name (``sparkeos.files``), as metrics label the sink
+    control_location: str | None = None
 
     # --- executor side ---
 
     @abstractmethod
     def begin_transaction(self, task: TaskAttempt) -> Transaction:
-        """Open a transaction private to this task attempt."""
+        """Open a transaction private to this task attempt, named by ``task.handle_id`` in the store."""
 
     @abstractmethod
     def invoke(self, transaction: Transaction, rows: pa.RecordBatch) -> None:
@@ -83,30 +59,76 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
 
     @abstractmethod
     def abort(self, query: str, handle_id: str) -> None:
-        """Discard a pre-committed transaction. Idempotent; a transaction that is gone is no error."""
+        """Discard the transaction of the attempt ``handle_id``, however far it got (pre-committed, half written, or
+        never begun). Idempotent; a transaction that is gone, or was never there, is no error."""
 
-    @abstractmethod
     def pending(self, query: str) -> Iterable[tuple[str, int]]:
-        """The (handle id, batch) of every transaction of ``query`` the sink holds pre-committed or abandoned."""
+        """The (handle id, batch) of every transaction of ``query`` the sink may hold pre-committed or abandoned. By
+        default the attempts in the framework's journal."""
+        journal = self.attempt_journal(query)
+        if journal is None:
+            raise TypeError(f"{type(self).__name__} overrides pending, yet its attempt journal was asked for")
+        return journal.attempts()
 
-    @abstractmethod
     def decision_log(self, query: str) -> DecisionLog:
-        """Where the decisions of ``query`` are recorded."""
+        """Where the decisions of ``query`` are recorded. By default, files under ``control_location``."""
+        fs, root = self.control()
+        return FileDecisionLog(fs, f"{root}/{query}/decisions")
 
     def describe(self) -> str:
         """How the driver's reports name this sink."""
         return type(self).__name__
 
+    # --- what the framework keeps for a sink under ``control_location`` ---
+
+    def keeps_attempt_journal(self) -> bool:
+        return type(self).pending is TwoPhaseCommitSink.pending
+
+    def needs_control_location(self) -> bool:
+        return self.keeps_attempt_journal() or type(self).decision_log is TwoPhaseCommitSink.decision_log
+
+    def attempt_journal(self, query: str) -> AttemptJournal | None:
+        """The journal of ``query``'s task attempts, or None for a sink that lists its pending work itself."""
+        if not self.keeps_attempt_journal():
+            return None
+        fs, root = self.control()
+        return AttemptJournal(fs, f"{root}/{query}/attempts")
+
+    def control(self) -> tuple[pafs.FileSystem, str]:
+        """The file system and directory of ``control_location``."""
+        cached = self.__dict__.get("_control")
+        if cached is not None:
+            return cached
+        location = self.control_location
+        if not location:
+            raise ValueError(
+                f"{self.describe()} has no control_location: set it to a directory the driver and every executor "
+                "reach, where the framework records the sink's attempts and decisions, or implement both pending "
+                "and decision_log"
+            )
+        if "://" in location:
+            fs, path = pafs.FileSystem.from_uri(location)
+            control = fs, path.rstrip("/")
+        else:
+            control = pafs.LocalFileSystem(), posixpath.abspath(location)
+        self.__dict__["_control"] = control
+        return control
+
     # --- for operators (``sparkeos sinks``), optional ---
 
     def queries(self) -> Iterable[str]:
         """Every query that holds pre-committed transactions or unfinished decisions here."""
-        raise NotImplementedError(f"{self.describe()} cannot list the queries it holds work of")
+        if not self.needs_control_location():
+            raise NotImplementedError(f"{self.describe()} cannot list the queries it holds work of")
+        fs, root = self.control()
+        return [info.base_name for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+                if info.type == pafs.FileType.Directory]
 
     def pending_details(self, query: str, handle_ids: list[str]) -> dict[str, tuple[str, datetime | None]]:
         """For each of ``handle_ids`` (what ``pending(query)`` listed): the name its store shows it under, and since
         when it is there."""
-        return {}
+        journal = self.attempt_journal(query)
+        return {} if journal is None else journal.entered_at(handle_ids)
 
     def fence(self, query: str) -> bool:
         """Stop every run of ``query`` that may still be writing from recording a decision, if the sink can; whether

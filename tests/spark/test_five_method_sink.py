@@ -1,0 +1,87 @@
+"""A sink of five methods, as docs/two-phase-commit.md shows one (support/jsonl_sink.py), run by real Spark: the
+framework's attempt journal and file decision log under ``controlLocation`` keep its output exact across a failed
+commit and Spark's replay, and leave nothing behind."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from support.jsonl_sink import FORMAT, published_rows, register, staged_files
+from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique
+
+
+@pytest.fixture
+def jsonl(spark):
+    register(spark)
+    return spark
+
+
+def control_files(control: Path) -> dict[str, list[str]]:
+    """What the framework keeps under ``controlLocation``, by kind: attempts, decisions, finished marks."""
+    return {"attempts": sorted(p.name for p in control.glob("*/attempts/*")),
+            "decisions": sorted(p.name for p in control.glob("*/decisions/*.decision")),
+            "finished": sorted(p.name for p in control.glob("*/decisions/*.finished"))}
+
+
+def stream(spark, bootstrap: str, topic: str, path: Path, control: Path, checkpoint: Path):
+    from pyspark.sql import functions as F
+
+    return (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100")
+            .load().select(F.col("value").cast("string").cast("long").alias("n"))
+            .writeStream.format(FORMAT).option("path", str(path)).option("controlLocation", str(control))
+            .option("checkpointLocation", str(checkpoint)))
+
+
+@pytest.mark.parametrize("failpoint", ["2pc.task_pre_committed", "2pc.deciding", "2pc.between_commits",
+                                       "2pc.committed"])
+def test_a_query_failing_at_a_protocol_step_and_restarted_writes_every_row_once(jsonl, broker, tmp_path, failpoint):
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("in"), partitions=2)
+    produce(bootstrap, topic, [str(n) for n in range(400)])
+    path, control, checkpoint = tmp_path / "out", tmp_path / "control", tmp_path / "ck"
+    clear_failpoints()
+    query = stream(jsonl, bootstrap, topic, path, control, checkpoint).start()
+    try:
+        query.processAllAvailable()  # a first batch, so that the failure is in a later one
+        produce(bootstrap, topic, [str(n) for n in range(400, 700)])
+        arm_failpoint(failpoint)
+        with pytest.raises(StreamingQueryException, match="failpoint"):
+            query.processAllAvailable()
+        assert fired(failpoint)
+    finally:
+        query.stop()
+        clear_failpoints()
+    left = control_files(control)
+    query = stream(jsonl, bootstrap, topic, path, control, checkpoint).start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = Counter(row["n"] for row in published_rows(path))
+    assert rows == Counter(range(700)), f"lost {sorted(set(range(700)) - set(rows))[:5]}, doubled " \
+                                        f"{[n for n, c in rows.items() if c > 1][:5]}; after the failure: {left}"
+    assert staged_files(path) == []
+    kept = control_files(control)
+    assert kept["attempts"] == [], "attempts left in the journal"
+    assert kept["decisions"] and [f"{d.split('.')[0]}.finished" for d in kept["decisions"]] == kept["finished"]
+
+
+def test_a_batch_write_run_again_under_its_write_id_adds_nothing(jsonl, tmp_path):
+    frame = jsonl.range(0, 100, numPartitions=3).selectExpr("id AS n")
+    for _ in range(2):
+        (frame.write.format(FORMAT).mode("append").option("writeId", "load-7")
+         .option("controlLocation", str(tmp_path / "control")).save(str(tmp_path / "out")))
+    assert sorted(row["n"] for row in published_rows(tmp_path / "out")) == list(range(100))
+    assert control_files(tmp_path / "control")["attempts"] == []
+
+
+def test_a_query_without_a_control_location_is_refused_naming_the_option(jsonl, tmp_path):
+    frame = jsonl.range(0, 10).selectExpr("id AS n")
+    with pytest.raises(Exception, match="needs the option controlLocation"):
+        frame.write.format(FORMAT).mode("append").save(str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
