@@ -11,6 +11,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from support.jsonl_sink import FORMAT, published_rows, register, staged_files
+from support.sink_drill import DRILL_TIMEOUT_S, AimedKill, DrillTarget, Snapshot, run_drill
 from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique
 
 
@@ -85,3 +86,49 @@ def test_a_query_without_a_control_location_is_refused_naming_the_option(jsonl, 
     with pytest.raises(Exception, match="needs the option controlLocation"):
         frame.write.format(FORMAT).mode("append").save(str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+class FiveMethodTarget(DrillTarget):
+    """The drill for the five-method sink: its pending work is the framework's journal, its decisions the framework's
+    file log. Two kills aim just after a task entered its attempt (its staged file being written, no decision yet)
+    and just after a batch was decided."""
+
+    name = FORMAT
+    must_hit = frozenset({"decided", "pending"})
+
+    def __init__(self, tmp_path: Path):
+        self.path, self.control = tmp_path / "out", tmp_path / "control"
+        self.aimed = {3: AimedKill("attempt entered", lambda: set(control_files(self.control)["attempts"])),
+                      8: AimedKill("decided", lambda: set(control_files(self.control)["decisions"]))}
+
+    def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
+        return ["--jsonl-path", str(self.path), "--control-location", str(self.control)]
+
+    def snapshot(self, in_flight: int | None) -> Snapshot:
+        kept = control_files(self.control)
+        batches = {int(name.split(".")[0]) for name in kept["decisions"]}
+        finished = {int(name.split(".")[0]) for name in kept["finished"]}
+        return Snapshot(in_flight in batches, len(batches - finished), len(kept["attempts"]),
+                        len(published_rows(self.path)))
+
+    def output_values(self) -> dict[str, list[bytes]]:
+        import duckdb
+
+        relation = duckdb.sql(f"SELECT text FROM read_json_auto('{self.path}/*.jsonl')")
+        return {"json lines": [row["text"].encode() for row in published_rows(self.path)],
+                "duckdb": [text.encode() for (text,) in relation.fetchall()]}
+
+    def leftovers(self) -> list[str]:
+        kept = control_files(self.control)
+        problems = [f"left staged: {file}" for file in staged_files(self.path)][:5]
+        problems += [f"attempt left in the journal: {name}" for name in kept["attempts"]][:5]
+        finished = {name.split(".")[0] for name in kept["finished"]}
+        problems += [f"decision {name} unfinished" for name in kept["decisions"] if name.split(".")[0] not in finished]
+        problems += [f"row {row}" for row in published_rows(self.path)
+                     if row["k"] != row["n"] % 3 or row["text"] != f"{row['n']}!"][:5]
+        return problems
+
+
+@pytest.mark.timeout(DRILL_TIMEOUT_S)
+def test_driver_killed_at_random_moments_a_five_method_sinks_output_stays_exact(broker_process, tmp_path):
+    run_drill(FiveMethodTarget(tmp_path), broker_process.bootstrap_servers, tmp_path)

@@ -2,7 +2,8 @@
 killed.
 
     python tests/support/pipeline_job.py --bootstrap HOST:PORT --source IN \
-        (--sink OUT | --sink-path DIR | --postgres-url URL --postgres-table T) \
+        (--sink OUT | --sink-path DIR | --postgres-url URL --postgres-table T
+         | --jsonl-path DIR --control-location DIR) \
         --checkpoint DIR [--master local[2] | local[2,4] | spark://HOST:PORT] [--trigger-ms N] [--stateful] \
         [--sink-format parquet|json] [--attempt-column] [--slow-first-attempt S --rendezvous-dir DIR] \
         [--conf KEY=VALUE ...]
@@ -22,6 +23,9 @@ removes that directory, no attempt waits any more.
 
 With --postgres-url the stateless stream goes to the `sparkeos.postgres` sink instead, exactly once, into the table
 --postgres-table (created when missing) with the same columns `n`, `k` and `text`.
+
+With --jsonl-path it goes, as the same columns, to the five-method sink of support/jsonl_sink.py, which keeps its
+attempts and decisions under --control-location.
 
 The driver prints `QUERY RUNNING <id>` once the query started, `BATCH <n> <rows>` per finished batch, and
 otherwise runs until it is killed; the tests kill it with SIGKILL and restart it from the same checkpoint.
@@ -58,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rendezvous-dir", help="where the attempts of --slow-first-attempt meet")
     parser.add_argument("--postgres-url", help="write to the sparkeos.postgres sink at this database instead")
     parser.add_argument("--postgres-table", help="the sparkeos.postgres sink's table")
+    parser.add_argument("--jsonl-path", help="write to the five-method JSON-lines sink at this directory instead")
+    parser.add_argument("--control-location", help="the JSON-lines sink's controlLocation")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark configuration")
     parser.add_argument("--low-latency", action="store_true", help="sparkeos.spark.session(low_latency=True)")
     parser.add_argument("--checkpoint", required=True)
@@ -74,13 +80,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ui-port", type=int, default=0, help="serve Spark's UI and REST API here; 0 = no UI")
     parser.add_argument("--stateful", action="store_true")
     args = parser.parse_args(argv)
-    if [args.sink, args.sink_path, args.postgres_url].count(None) != 2:
-        parser.error("give one of --sink (a topic), --sink-path (a directory) and --postgres-url (a database)")
+    if [args.sink, args.sink_path, args.postgres_url, args.jsonl_path].count(None) != 3:
+        parser.error("give one of --sink (a topic), --sink-path (a directory), --postgres-url (a database) and "
+                     "--jsonl-path (a directory)")
+    if (args.jsonl_path is None) != (args.control_location is None):
+        parser.error("--jsonl-path and --control-location go together")
     if (args.postgres_url is None) != (args.postgres_table is None):
         parser.error("--postgres-url and --postgres-table go together")
-    if (args.sink_path or args.postgres_url) and args.stateful:
+    if (args.sink_path or args.postgres_url or args.jsonl_path) and args.stateful:
         parser.error("--stateful writes to a topic only")
-    if args.postgres_url and (args.attempt_column or args.slow_first_attempt):
+    if (args.postgres_url or args.jsonl_path) and (args.attempt_column or args.slow_first_attempt):
         parser.error("--attempt-column and --slow-first-attempt are for --sink-path")
     if args.slow_first_attempt and not args.rendezvous_dir:
         parser.error("--slow-first-attempt needs --rendezvous-dir")
@@ -238,11 +247,26 @@ def start_postgres_query(spark, args: argparse.Namespace):
     return start_writer(writer, args)
 
 
+def start_jsonl_query(spark, args: argparse.Namespace):
+    from jsonl_sink import FORMAT, register  # beside this script
+
+    register(spark)
+    writer = (
+        build_row_stream(spark, args)
+        .writeStream.format(FORMAT)
+        .option("path", args.jsonl_path)
+        .option("controlLocation", args.control_location)
+    )
+    return start_writer(writer, args)
+
+
 def start_query(spark, args: argparse.Namespace):
     if args.sink_path:
         return start_file_query(spark, args)
     if args.postgres_url:
         return start_postgres_query(spark, args)
+    if args.jsonl_path:
+        return start_jsonl_query(spark, args)
     writer = (
         build_stream(spark, args)
         .writeStream.format("sparkeos.kafka")
