@@ -170,22 +170,25 @@ def _add_lag_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_sinks_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("sinks", help="list, or abort, what two-phase-commit sinks hold unpublished")
+    parser = commands.add_parser("sinks", help="list, or abort, what sinks hold unpublished: decisions, transactions")
     actions = parser.add_subparsers(dest="action", required=True)
     for action, text in (("pending", "list the unfinished decisions and pre-committed transactions of every query"),
                          ("abort", "abort a query's pre-committed transactions that no decision names")):
         sub = actions.add_parser(action, help=text)
         sub.add_argument("target", metavar="JOB_OR_FORMAT",
-                         help="a job file (its sink), or a sink format (sparkeos.files, sparkeos.postgres) with -o")
+                         help="a job file (its sink), or a sink format (sparkeos.files, sparkeos.postgres, "
+                              "sparkeos.kafka) with -o")
         sub.add_argument("-o", "--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
-                         help="the sink's options, as writeStream.option takes them (path=..., url=..., dbtable=...)")
+                         help="the sink's options, as writeStream.option takes them (path=..., url=..., dbtable=..., "
+                              "kafka.bootstrap.servers=..., topic=...)")
         sub.add_argument("--json", action="store_true", help="print one JSON object")
         if action == "pending":
             sub.add_argument("--query", help="only this query id")
         else:
             sub.add_argument("--query", required=True, help="the query id whose transactions to abort")
             sub.add_argument("--older-than", default="15m", metavar="DURATION",
-                             help="abort only what was pre-committed longer ago than this (default 15m; 0s for all)")
+                             help="abort only what was pre-committed longer ago than this (default 15m; 0s for all); "
+                                  "Kafka tells no transaction's age, and fencing its ids is safe at any age")
 
 
 def run_sinks(args: argparse.Namespace) -> int:
@@ -193,8 +196,10 @@ def run_sinks(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from .jobs.spec import JobError, load_job
+    from .spark.kafka.cluster import KafkaUnavailable
+    from .spark.kafka.sink.lingering import FenceFailed
     from .spark.options import duration_s
-    from .spark.pending_work import abort_lines, abort_query, list_pending, operator_sink, pending_lines
+    from .spark.pending_work import abort_lines, pending_lines, sink_operator
 
     try:
         if Path(args.target).is_file() or args.target.endswith((".yaml", ".yml")):
@@ -204,18 +209,18 @@ def run_sinks(args: argparse.Namespace) -> int:
             sink_format, options = sink_spec.format, dict(sink_spec.options)
         else:
             sink_format, options = args.target.lower(), dict(_key_value(item) for item in args.options)
-        sink = operator_sink(sink_format, options)
+        operator = sink_operator(sink_format, options)
         now = datetime.now(UTC)
         if args.action == "pending":
-            work = list_pending(sink, args.query)
+            work = operator.list_pending(args.query)
             print(json.dumps({"pending": [w.to_json(now) for w in work]}) if args.json else
                   "\n".join(pending_lines(work, now)))
             return 0
         older_than = duration_s(args.older_than, "s")
         if older_than is None:
             raise ValueError(f"--older-than must be a duration such as 15m or 0s, not {args.older_than!r}")
-        outcome = abort_query(sink, args.query, older_than)
-    except (JobError, ValueError, OSError) as exc:
+        outcome = operator.abort_query(args.query, older_than)
+    except (JobError, ValueError, OSError, KafkaUnavailable, FenceFailed) as exc:
         print(f"sparkeos sinks {args.action}: {exc}", file=sys.stderr)
         return 2
     if args.json:

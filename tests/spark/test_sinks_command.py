@@ -1,5 +1,6 @@
 """`sparkeos sinks pending` and `sparkeos sinks abort`, run as a user runs them, on what queries left in a real
-directory (read back with pyarrow) and a real PostgreSQL server (read back with psycopg)."""
+directory (read back with pyarrow), a real PostgreSQL server (read back with psycopg) and a Kafka broker (read back
+by a read_committed consumer)."""
 
 from __future__ import annotations
 
@@ -114,8 +115,63 @@ def test_postgres_pending_work_is_listed_and_a_querys_undecided_transactions_rol
     assert prepared_transactions(postgres) == []
 
 
+def test_kafka_transactional_ids_are_listed_and_a_querys_open_transactions_aborted_at_once(spark, broker, tmp_path):
+    """A task's transaction left open (its executor or driver killed before it committed) holds back the last
+    stable offset of the output: read_committed readers see nothing newer until the broker aborts it after
+    transaction.timeout.ms. `sparkeos sinks` lists the sink's transactional ids with the batch each committed, and
+    `abort` fences them, which aborts the open transaction at once; the query then runs on, exact."""
+    from confluent_kafka import Producer
+    from pyspark.sql import functions as F
+
+    from sparkeos.verify import READ_UNCOMMITTED, end_offsets, read_values
+    from support.spark import create_topic, produce, unique
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"), partitions=2)
+    target = create_topic(bootstrap, unique("out"))
+    prefix = unique("lingering")
+    options = ["-o", f"kafka.bootstrap.servers={bootstrap}", "-o", f"topic={target}"]
+
+    def run(numbers: range) -> str:
+        produce(bootstrap, source, [str(n) for n in numbers])
+        query = (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+                 .option("subscribe", source).option("startingOffsets", "earliest").load()
+                 .select(F.col("value")).writeStream.format("sparkeos.kafka")
+                 .option("kafka.bootstrap.servers", bootstrap).option("topic", target)
+                 .option("transactionalIdPrefix", prefix).option("checkpointLocation", str(tmp_path / "ck"))
+                 .start())
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        return query.id
+
+    query = run(range(100))
+    lingering = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{prefix}-0",
+                          "transaction.timeout.ms": 300_000})
+    lingering.init_transactions(30)
+    lingering.begin_transaction()
+    lingering.produce(target, value=b"never committed")
+    lingering.flush(30)
+    held_back = (end_offsets(bootstrap, target), end_offsets(bootstrap, target, isolation_level=READ_UNCOMMITTED))
+    assert held_back[0] != held_back[1], "the open transaction does not hold back the last stable offset"
+
+    pending = sinks_json("pending", "sparkeos.kafka", *options)["pending"]
+    assert sorted((w["query"], w["name"], w["kind"]) for w in pending) == [
+        (query, f"{prefix}-{p}", "transactional-id") for p in (0, 1)]
+    assert all(w["batch"] >= 0 and "committed through batch" in w["note"] for w in pending)
+
+    outcome = sinks_json("abort", "sparkeos.kafka", *options, "--query", query)
+    assert outcome["fenced"] is True and sorted(w["name"] for w in outcome["aborted"]) == [f"{prefix}-0",
+                                                                                          f"{prefix}-1"]
+    # Aborted now, not after the transaction's 300 s: the last stable offset is the end again.
+    assert end_offsets(bootstrap, target) == end_offsets(bootstrap, target, isolation_level=READ_UNCOMMITTED)
+    run(range(100, 150))  # the fenced ids are the query's again at its next start
+    assert sorted(int(v) for v in read_values(bootstrap, target)) == list(range(150))
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    (["sparkeos.kafka"], "kafka-transactions.sh"),
+    (["sparkeos.kafka", "-o", "kafka.bootstrap.servers=127.0.0.1:9"], "needs the Kafka sink's option topic"),
     (["sparkeos.parquet"], "unknown sink format 'sparkeos.parquet'"),
     (["sparkeos.files"], "option 'path' is required"),
     (["sparkeos.files", "-o", "path"], "-o takes KEY=VALUE, not 'path'"),

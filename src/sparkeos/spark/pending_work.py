@@ -1,6 +1,9 @@
 """What a two-phase-commit sink holds that is neither published nor discarded, and an operator's abort of one query's
 part of it: ``sparkeos sinks pending`` and ``sparkeos sinks abort``, as Kafka has ``kafka-transactions.sh``.
 
+The ``sparkeos.kafka`` sink holds no decisions: its tasks commit their own transactions, and what it leaves is open
+transactions, listed and aborted by transactional id (``kafka/sink/lingering.py``).
+
 A running query cleans up after itself: each batch's commit aborts every transaction of the query that no
 decision names (failed, retried and speculative attempts, what a crashed driver left), and its next run finishes
 what was decided. What is left for good belongs to queries that will not run again: a query abandoned after a
@@ -18,11 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .two_phase_commit import TwoPhaseCommitSink, discard
-
-KAFKA_FORMAT = "sparkeos.kafka"
 
 DECISION = "decision"  # recorded, and not all of its transactions committed yet
 TRANSACTION = "transaction"  # pre-committed by a task (or abandoned), named by a decision or by none
@@ -38,6 +39,7 @@ class PendingWork:
     decided: bool  # an unfinished decision names it: the query's next run commits it, and nothing may abort it
     records: int | None = None  # a decision's records
     handle_id: str | None = None  # a transaction's, as the sink's ``abort`` takes it
+    note: str | None = None  # its state in words, where the kind does not say it
 
     def age_s(self, now: datetime) -> float | None:
         return None if self.since is None else max((now - self.since).total_seconds(), 0.0)
@@ -45,7 +47,7 @@ class PendingWork:
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {"query": self.query, "batch": self.batch, "kind": self.kind, "name": self.name,
                 "since": self.since.isoformat() if self.since else None, "age_s": self.age_s(now),
-                "decided": self.decided, "records": self.records}
+                "decided": self.decided, "records": self.records, "note": self.note}
 
 
 def list_pending(sink: TwoPhaseCommitSink, query: str | None = None) -> list[PendingWork]:
@@ -74,6 +76,28 @@ class AbortOutcome:
     aborted: list[PendingWork] = field(default_factory=list)
     decided: list[PendingWork] = field(default_factory=list)  # kept: a decision names them
     too_young: list[PendingWork] = field(default_factory=list)  # kept: younger than the bound
+    fence_note: str | None = None  # what fencing did, where it is not a decision that was fenced
+
+
+class SinkOperator(Protocol):
+    """What ``sparkeos sinks`` does with one sink's target: each sink's data source gives one (``operator``)."""
+
+    def list_pending(self, query: str | None = None) -> list[PendingWork]: ...
+
+    def abort_query(self, query: str, older_than_s: float) -> AbortOutcome: ...
+
+
+class TwoPhaseCommitOperator:
+    """``sparkeos sinks`` for a two-phase-commit sink."""
+
+    def __init__(self, sink: TwoPhaseCommitSink):
+        self.sink = sink
+
+    def list_pending(self, query: str | None = None) -> list[PendingWork]:
+        return list_pending(self.sink, query)
+
+    def abort_query(self, query: str, older_than_s: float) -> AbortOutcome:
+        return abort_query(self.sink, query, older_than_s)
 
 
 def abort_query(sink: TwoPhaseCommitSink, query: str, older_than_s: float,
@@ -101,18 +125,17 @@ def abort_query(sink: TwoPhaseCommitSink, query: str, older_than_s: float,
     return outcome
 
 
-def operator_sink(format_name: str, options: dict[str, str]) -> TwoPhaseCommitSink:
-    """The sink of format ``format_name`` at the target its ``options`` name (as ``writeStream.option`` takes them)."""
+def sink_operator(format_name: str, options: dict[str, str]) -> SinkOperator:
+    """``sparkeos sinks`` for the sink of format ``format_name`` at the target its ``options`` name (as
+    ``writeStream.option`` takes them)."""
     from .files.datasource import FilesDataSource
+    from .kafka.datasource import KafkaDataSource
     from .postgres.datasource import PostgresDataSource
 
-    sources = {source.name(): source for source in (FilesDataSource, PostgresDataSource)}
-    if format_name == KAFKA_FORMAT:
-        raise ValueError("a sparkeos.kafka sink's pre-committed work is Kafka transactions, which the broker aborts "
-                         "after transaction.timeout.ms; list and abort them with Kafka's kafka-transactions.sh")
+    sources = {source.name(): source for source in (FilesDataSource, KafkaDataSource, PostgresDataSource)}
     if format_name not in sources:
         raise ValueError(f"unknown sink format {format_name!r}: sparkeos sinks knows {', '.join(sorted(sources))}")
-    return sources[format_name].operator_sink(options)
+    return sources[format_name].operator(options)
 
 
 def _age(work: PendingWork, now: datetime) -> str:
@@ -131,7 +154,9 @@ def pending_lines(work: list[PendingWork], now: datetime) -> list[str]:
         return ["nothing pending"]
     rows = [("QUERY", "BATCH", "KIND", "AGE", "STATE", "NAME")]
     for item in work:
-        if item.kind == DECISION:
+        if item.note is not None:
+            state = item.note
+        elif item.kind == DECISION:
             state = f"decided, {item.records} records: the query's next run commits it"
         elif item.decided:
             state = "decided: the query's next run commits it"
@@ -144,9 +169,16 @@ def pending_lines(work: list[PendingWork], now: datetime) -> list[str]:
 
 
 def abort_lines(outcome: AbortOutcome, older_than_s: float) -> list[str]:
-    lines = [f"query {outcome.query}: " + ("fenced: a run still writing can no longer decide" if outcome.fenced else
-                                           "not fenced (the sink cannot): the query must not be running")]
-    lines.append(f"aborted {len(outcome.aborted)} undecided transactions")
+    if outcome.fence_note:
+        fenced = outcome.fence_note
+    elif outcome.fenced:
+        fenced = "fenced: a run still writing can no longer decide"
+    else:
+        fenced = "not fenced (the sink cannot): the query must not be running"
+    lines = [f"query {outcome.query}: {fenced}"]
+    kinds = {work.kind for work in outcome.aborted} or {TRANSACTION}
+    what = "undecided transactions" if kinds == {TRANSACTION} else "open transactions of transactional ids"
+    lines.append(f"aborted {len(outcome.aborted)} {what}")
     lines += [f"  {w.name} (batch {w.batch})" for w in outcome.aborted]
     if outcome.decided:
         lines.append(f"kept {len(outcome.decided)} transactions an unfinished decision names: run the query again to "

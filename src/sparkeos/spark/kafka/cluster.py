@@ -225,12 +225,14 @@ class KafkaCluster:
         """Earliest offset whose timestamp is >= the given one; -1 where no record is that new."""
         return self.list_offsets(partitions, OffsetSpec.for_timestamp(timestamp_ms))
 
-    def group_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """Committed offsets of a group (require_stable); partitions without one are left out."""
+    def group_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]],
+                      require_stable: bool = True) -> dict[tuple[str, int], int]:
+        """Committed offsets of a group; partitions without one are left out. With ``require_stable`` an offset that
+        an open transaction is committing is waited for; without it, the last committed one is read at once."""
         request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])
 
         def attempt(timeout_s: float):
-            futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
+            futures = self.admin.list_consumer_group_offsets([request], require_stable=require_stable,
                                                              request_timeout=timeout_s)
             return self._wait(futures, "an OffsetFetch request", timeout_s)[group_id]
 
@@ -238,6 +240,17 @@ class KafkaCluster:
         if isinstance(result, Exception):
             raise RuntimeError(f"reading committed offsets of group {group_id!r} failed: {result}")
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+    def group_ids(self) -> list[str]:
+        """Every consumer group the cluster knows."""
+        def attempt(timeout_s: float):
+            future = self.admin.list_consumer_groups(request_timeout=timeout_s)
+            return self._wait({"groups": future}, "a ListGroups request", timeout_s)["groups"]
+
+        result = self._until_deadline(attempt, "a ListGroups request")
+        if isinstance(result, Exception):
+            raise RuntimeError(f"listing consumer groups failed: {result}")
+        return sorted(group.group_id for group in result.valid)
 
     def broker_config(self, name: str) -> str | None:
         brokers = self._broker_ids()

@@ -19,6 +19,13 @@ class KafkaDataSource(DataSource):
     def name(cls) -> str:
         return "sparkeos.kafka"
 
+    @classmethod
+    def operator(cls, options: dict[str, str]):
+        """``sparkeos sinks`` for the sink writing to the topic ``options`` name: its transactional ids."""
+        from .sink.lingering import KafkaSinkOperator
+
+        return KafkaSinkOperator.from_options(options)
+
     def schema(self) -> StructType:
         # Spark's Kafka source rejects bad options when the DataFrame is defined, at load(); schema() is what
         # Spark calls then. Whether the read is a stream or a batch is not known yet: options only one kind of

@@ -25,6 +25,18 @@ class TwoPhaseCommitDataSource(DataSource):
     read_hint = "read what it wrote with the reader of its store"
     batch_writer: type[TwoPhaseCommitBatchWriter] = TwoPhaseCommitBatchWriter
 
+    @classmethod
+    def operator_sink(cls, options: dict[str, str]) -> TwoPhaseCommitSink:
+        """The sink at the target ``options`` name, for ``sparkeos sinks`` (no schema: it only lists and aborts)."""
+        raise NotImplementedError(f"{cls.name()} offers no sparkeos sinks")
+
+    @classmethod
+    def operator(cls, options: dict[str, str]):
+        """``sparkeos sinks`` for the target ``options`` name."""
+        from ..pending_work import TwoPhaseCommitOperator
+
+        return TwoPhaseCommitOperator(cls.operator_sink(options))
+
     @abstractmethod
     def sink(self, schema: StructType) -> TwoPhaseCommitSink:
         """The sink for rows of ``schema`` at the target ``self.options`` name, ready to write (checked, prepared)."""
