@@ -60,3 +60,23 @@ def runtime_python(tmp_path_factory) -> Path:
     from support.runtime_only import make_runtime_venv
 
     return make_runtime_venv(tmp_path_factory.mktemp("runtime-venv"))
+
+
+@pytest.fixture
+def s3_server():
+    """An S3-compatible server on this machine (moto in server mode), with a bucket: its ``fs.s3a.*`` settings."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"fs.s3a.endpoint": f"http://{host}:{port}", "fs.s3a.access.key": "test",
+               "fs.s3a.secret.key": "test", "fs.s3a.endpoint.region": "us-east-1"}
+
+    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", access_key="test", secret_key="test",
+                      region="us-east-1", allow_bucket_creation=True).create_dir("sink-bucket")
+    try:
+        yield options
+    finally:
+        server.stop()

@@ -22,8 +22,16 @@ def jsonl(spark):
 
 
 def control_files(control: Path) -> dict[str, list[str]]:
-    """What the framework keeps under ``controlLocation``, by kind: attempts, decisions, finished marks."""
-    return {"attempts": sorted(p.name for p in control.glob("*/attempts/*")),
+    """What the framework keeps under ``controlLocation``, by kind: attempts (entered, neither committed nor
+    aborted), attempts marked aborted (kept while a straggler of them might run), decisions, finished marks."""
+    sizes = {}
+    for entry in control.glob("*/attempts/*"):
+        try:
+            sizes[entry.name] = entry.stat().st_size
+        except FileNotFoundError:  # ended while listed: the drill polls a running query
+            pass
+    return {"attempts": sorted(name for name, size in sizes.items() if size == 0),
+            "marked aborted": sorted(name for name, size in sizes.items() if size > 0),
             "decisions": sorted(p.name for p in control.glob("*/decisions/*.decision")),
             "finished": sorted(p.name for p in control.glob("*/decisions/*.finished"))}
 
@@ -79,6 +87,33 @@ def test_a_batch_write_run_again_under_its_write_id_adds_nothing(jsonl, tmp_path
          .option("controlLocation", str(tmp_path / "control")).save(str(tmp_path / "out")))
     assert sorted(row["n"] for row in published_rows(tmp_path / "out")) == list(range(100))
     assert control_files(tmp_path / "control")["attempts"] == []
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(tmp_path, request, store):
+    """The framework's decision log under ``controlLocation``, locally and on S3: two drivers of one query deciding
+    one batch at the same moment must agree on one decision. On S3 a check-then-move let a later decision replace
+    one whose transactions were already committed; a conditional PUT creates the decision only once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparkeos.spark.two_phase_commit import Decision, Handle
+    from support.jsonl_sink import JsonLinesSink
+
+    if store == "local":
+        control = str(tmp_path / "control")
+    else:
+        endpoint = request.getfixturevalue("s3_server")["fs.s3a.endpoint"].split("://")[1]
+        control = f"s3://test:test@sink-bucket/control?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+    drivers = [JsonLinesSink(str(tmp_path / "out")) for _ in range(6)]
+    for driver in drivers:
+        driver.control_location = control
+    for batch in range(3):
+        decisions = [Decision("q", batch, (Handle(f"{batch}-0-{n}", batch, 0, 10),)) for n in range(len(drivers))]
+        with ThreadPoolExecutor(len(drivers)) as pool:
+            held = list(pool.map(lambda pair: pair[0].decision_log("q").record(pair[1]),
+                                 zip(drivers, decisions, strict=True)))
+        assert held[0] in decisions and held == [held[0]] * len(drivers)
+        assert drivers[0].decision_log("q").read(batch) == held[0]
 
 
 def test_a_query_without_a_control_location_is_refused_naming_the_option(jsonl, tmp_path):

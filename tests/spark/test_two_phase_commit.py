@@ -15,6 +15,9 @@ lists its pending work and keeps its decisions itself.
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -33,6 +36,8 @@ from sparkeos.spark.two_phase_commit import (
     commit_batch,
     write_task,
 )
+from sparkeos.spark.two_phase_commit.attempt_journal import STRAGGLER_GRACE_S
+from support.spark import wait_for
 
 BATCHES = 4
 PARTITIONS = 3
@@ -126,8 +131,8 @@ class ListingDirectorySink(DirectorySink):
         return DirectoryDecisionLog(self.root / "decisions" / query, self.step)
 
 
-JOURNAL_STEPS = {"begin": "journal_begin", "holds": "journal_holds", "end": "journal_end",
-                 "attempts": "journal_list"}
+JOURNAL_STEPS = {"begin": "journal_begin", "holds": "journal_holds", "mark_aborted": "journal_mark",
+                 "end": "journal_end", "attempts": "journal_list"}
 DECISION_LOG_STEPS = {"read": "read_decision", "read_settled": "read_decision", "record": "record_decision",
                       "latest": "latest", "unfinished": "unfinished", "finish": "finish",
                       "forget_before": "forget_before"}
@@ -254,7 +259,14 @@ def decisions_dir(root: Path) -> Path:
 
 
 def journal(root: Path) -> list[str]:
+    """The journal's entries, live or marked aborted."""
     return sorted(path.name for path in (root / "control" / "q-1" / "attempts").glob("*"))
+
+
+def live_attempts(root: Path) -> list[str]:
+    """The entries not marked aborted: attempts entered and neither committed nor aborted."""
+    return sorted(path.name for path in (root / "control" / "q-1" / "attempts").glob("*")
+                  if path.stat().st_size == 0)
 
 
 def assert_exact(root: Path) -> None:
@@ -262,15 +274,15 @@ def assert_exact(root: Path) -> None:
     assert list((root / "pending" / "q-1").glob("*.json")) == [], "pre-committed transactions left pending"
     unfinished = [p for p in decisions_dir(root).glob("*.decision") if not p.with_suffix(".finished").exists()]
     assert unfinished == []
-    assert journal(root) == [], "attempts left in the journal"
+    assert live_attempts(root) == [], "attempts left in the journal, neither committed nor aborted"
 
 
 KINDS = pytest.mark.parametrize("kind", [DirectorySink, ListingDirectorySink], ids=["five-methods", "own-listing"])
 # Where each kind can crash: its own steps, and the steps of what the framework keeps for it.
 CRASH_STEPS = {
     DirectorySink: {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision", "commit",
-                    "finish", "abort", "unfinished", "journal_begin", "journal_holds", "journal_end",
-                    "journal_list"},
+                    "finish", "abort", "unfinished", "journal_begin", "journal_holds", "journal_mark",
+                    "journal_end", "journal_list"},
     ListingDirectorySink: {"begin_transaction", "invoke", "pre_commit", "read_decision", "record_decision", "commit",
                            "finish", "abort", "pending", "unfinished"},
 }
@@ -360,10 +372,10 @@ def test_an_attempt_that_failed_after_writing_its_store_is_aborted_by_the_next_c
     with pytest.raises(Crash):
         write_task(DyingSink(tmp_path, Steps(tmp_path, None)), TaskAttempt("q-1", 0, 0, "lost"), iter([rows_of(0, 1)]))
     assert [p.name for p in (tmp_path / "pending" / "q-1").glob("*.json")] == ["0-0-lost.json"]
-    assert journal(tmp_path) == ["0-0-lost"]
+    assert live_attempts(tmp_path) == ["0-0-lost"]
     commit_batch(DirectorySink(tmp_path, Steps(tmp_path, None)), "q-1", 0, [])
     assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
-    assert journal(tmp_path) == []
+    assert live_attempts(tmp_path) == []
 
 
 def test_an_attempt_aborted_while_it_ran_discards_what_it_pre_committed(tmp_path: Path) -> None:
@@ -380,7 +392,7 @@ def test_an_attempt_aborted_while_it_ran_discards_what_it_pre_committed(tmp_path
     with pytest.raises(AttemptAborted, match="0-1-straggler"):
         write_task(sink, TaskAttempt("q-1", 0, 1, "straggler"), rows_while_the_driver_commits())
     assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
-    assert journal(tmp_path) == []
+    assert live_attempts(tmp_path) == []
     assert Counter(published(tmp_path)) == Counter(rows_of(0, 1).column(0).to_pylist())
 
 
@@ -390,3 +402,80 @@ def test_a_five_method_sink_without_a_control_location_is_refused_naming_it(tmp_
     with pytest.raises(ValueError, match="control_location"):
         write_task(sink, TaskAttempt("q-1", 0, 0, "a"), iter([rows_of(0, 1)]))
     assert list((tmp_path / "pending").glob("*/*.json")) == [], "it began a transaction it could not journal"
+
+
+class StragglerDuringAbort(DirectorySink):
+    """The driver's abort of one attempt lets that attempt, still running, go on at the worst moment: after the
+    abort looked for its transaction and before the abort's caller goes on."""
+
+    straggler_id = ""
+    during_abort = None
+
+    def abort(self, query: str, handle_id: str) -> None:
+        super().abort(query, handle_id)
+        if handle_id == self.straggler_id and self.during_abort is not None:
+            during, self.during_abort = self.during_abort, None
+            during()
+
+
+def test_a_straggler_that_pre_commits_while_the_driver_aborts_it_aborts_itself(tmp_path: Path) -> None:
+    """Step 7 of its batch aborts a straggler (a speculative copy not killed yet) whose transaction is not there yet;
+    the straggler then pre-commits. Ended right after the abort, its journal entry was gone before the straggler
+    could see it, and what it pre-committed stayed for good, listed nowhere."""
+    sink = StragglerDuringAbort(tmp_path, Steps(tmp_path, None))
+    decided = run_task(sink, "q-1", 0, 1).handle
+    straggler = TaskAttempt("q-1", 0, 1, "straggler")
+    sink.straggler_id = straggler.handle_id
+    go, outcome = threading.Event(), {}
+
+    def rows():
+        yield rows_of(0, 1)
+        go.wait(30)
+
+    def run() -> None:
+        try:
+            outcome["message"] = write_task(sink, straggler, rows())
+        except AttemptAborted as aborted:
+            outcome["aborted"] = aborted
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: straggler.handle_id in journal(tmp_path), timeout_s=30, what="the straggler's entry")
+
+    def straggler_goes_on() -> None:
+        go.set()
+        thread.join(30)
+
+    sink.during_abort = straggler_goes_on
+    commit_batch(sink, "q-1", 0, [decided])
+    thread.join(30)
+    assert "aborted" in outcome, f"the straggler went on as if nothing had happened: {outcome}"
+    assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+    assert live_attempts(tmp_path) == []
+
+
+def test_a_straggler_killed_after_it_pre_committed_behind_the_abort_is_aborted_by_the_next_commit(
+        tmp_path: Path) -> None:
+    """The same straggler, killed after its pre-commit and before it could look at its entry: the entry stays
+    marked aborted, so the next commit aborts again what the straggler left; once the mark is older than the time a
+    straggler may still run, a commit removes it."""
+    sink = StragglerDuringAbort(tmp_path, Steps(tmp_path, None))
+    decided = run_task(sink, "q-1", 0, 1).handle
+    straggler = TaskAttempt("q-1", 0, 1, "killed")
+    sink.straggler_id = straggler.handle_id
+    transaction = {"rows": rows_of(0, 1).column(0).to_pylist()}
+    sink.attempt_journal("q-1").begin(straggler)
+    sink.during_abort = lambda: sink.pre_commit(transaction, straggler)  # then killed
+    commit_batch(sink, "q-1", 0, [decided])
+    assert [p.stem for p in (tmp_path / "pending" / "q-1").glob("*.json")] == [straggler.handle_id]
+    assert journal(tmp_path) == [straggler.handle_id] and live_attempts(tmp_path) == []
+
+    commit_batch(sink, "q-1", 1, [])
+    assert list((tmp_path / "pending" / "q-1").glob("*.json")) == []
+    assert journal(tmp_path) == [straggler.handle_id], "the mark went before a straggler could no longer run"
+    marked = tmp_path / "control" / "q-1" / "attempts" / straggler.handle_id
+    old = time.time() - STRAGGLER_GRACE_S - 1
+    os.utime(marked, (old, old))
+    commit_batch(sink, "q-1", 2, [])
+    assert journal(tmp_path) == []
+    assert Counter(published(tmp_path)) == Counter(rows_of(0, 1).column(0).to_pylist())

@@ -250,25 +250,6 @@ def test_a_crash_while_forgetting_an_old_decision_never_fails_a_later_commit(tmp
     assert sorted(p.name for p in directory.iterdir()) == []
 
 
-@pytest.fixture
-def s3_server():
-    """An S3-compatible server on this machine (moto in server mode), with a bucket."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"fs.s3a.endpoint": f"http://{host}:{port}", "fs.s3a.access.key": "test",
-               "fs.s3a.secret.key": "test", "fs.s3a.endpoint.region": "us-east-1"}
-
-    pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", access_key="test", secret_key="test",
-                      region="us-east-1", allow_bucket_creation=True).create_dir("sink-bucket")
-    try:
-        yield options
-    finally:
-        server.stop()
-
-
 def test_on_s3_a_commit_is_a_repeatable_copy_and_the_output_is_exact(spark, broker, tmp_path, s3_server):
     """No rename on S3: files are copied to their final names; a failure between two copies, then a restart,
     leaves every record once."""

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .. import failpoints
+from ..s3 import S3Client
 from ..two_phase_commit import (
     DecisionLog,
     FileDecisionLog,
@@ -40,7 +41,6 @@ from ..two_phase_commit import (
 )
 from .formats import FormatWriter, file_extension
 from .options import FileSinkOptions
-from .s3 import S3Client
 
 CONTROL_DIR = "_sparkeos"
 STAGED_SUFFIX = ".inprogress"

@@ -25,7 +25,7 @@ Tasks, once per attempt of (B, partition p), on an executor:
 2. ``invoke``: write the task's rows into it.
 3. ``pre_commit``: make it durable but invisible, and return its :class:`Handle`, which reaches the driver in the
    task's commit message. An error in 1-3 aborts the attempt's transaction and fails the task; Spark retries it.
-   A journaled attempt whose entry the driver removed meanwhile (step 7 of its batch ran without it) aborts what it
+   A journaled attempt that the driver marked aborted meanwhile (step 7 of its batch ran without it) aborts what it
    pre-committed and fails.
 
 The driver, in ``commit(messages, B)`` once every task of B succeeded:
@@ -40,8 +40,9 @@ The driver, in ``commit(messages, B)`` once every task of B succeeded:
 6. Commit every handle of the decision, and end its journal entry. A commit is idempotent: after a crash it is
    repeated, and finds done what was done.
 7. Mark the decision finished, then abort every transaction of Q the sink still holds for a batch <= B that no
-   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), ending
-   each one's journal entry after it, and forget decisions older than ``RETAINED_DECISIONS`` batches.
+   unfinished decision names (failed attempts, the replay's own handles, attempts of a driver that died), and
+   forget decisions older than ``RETAINED_DECISIONS`` batches. A journaled attempt that may still run is marked
+   aborted before its abort, and aborted again by later commits until it cannot run any more.
 
 ``abort(messages, B)``, which Spark calls when a task or the driver's commit failed, aborts the handles of
 ``messages`` unless a decision names them: a commit that failed after step 5 must leave its handles for step 4.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
@@ -13,7 +14,7 @@ from .. import failpoints
 from ..reports import log
 from ..task_context import spark_task, streaming_task
 from ..visible_latency import TimestampTally
-from .attempt_journal import AttemptJournal
+from .attempt_journal import STRAGGLER_GRACE_S, AttemptJournal
 from .decision_log import DecisionLog
 from .handles import Decision, Handle, TaskAttempt
 from .sink import TwoPhaseCommitSink
@@ -72,7 +73,7 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
         handle = sink.pre_commit(transaction, task)
         if journal is not None and not journal.holds(task.handle_id):
             # A straggler (a speculative copy not killed yet): the driver decided the batch without it and aborted
-            # its entry while it wrote, so what it just pre-committed is no one else's to abort.
+            # it while it wrote, maybe before this pre-commit, so what it pre-committed is its own to abort.
             sink.abort(task.query, task.handle_id)
             raise AttemptAborted(f"task attempt {task.handle_id} of query {task.query} was aborted by the driver "
                                  "while it ran: its batch was decided without it")
@@ -126,9 +127,10 @@ def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list
         _finish(sink, decisions, decision)
     named = {h.id for d in decisions.unfinished() for h in d.handles}
     journal = sink.attempt_journal(query)
+    ended = {h.id for h in handles}  # their commit messages reached the driver: those attempts are over
     for handle_id, handle_batch in list(sink.pending(query)):
         if handle_batch <= batch and handle_id not in named:
-            discard(sink, query, handle_id, journal)
+            discard(sink, query, handle_id, journal, attempt_ended=handle_id in ended)
     decisions.forget_before(batch - RETAINED_DECISIONS + 1)
     return decision
 
@@ -147,12 +149,19 @@ def _finish(sink: TwoPhaseCommitSink, decisions: DecisionLog, decision: Decision
     decisions.finish(decision.batch)
 
 
-def discard(sink: TwoPhaseCommitSink, query: str, handle_id: str, journal: AttemptJournal | None = None) -> None:
-    """Abort an attempt's transaction, then its journal entry, if the sink keeps one: an entry is the only trace of
-    an attempt such a sink has, so it goes last."""
-    sink.abort(query, handle_id)
+def discard(sink: TwoPhaseCommitSink, query: str, handle_id: str, journal: AttemptJournal | None = None,
+            attempt_ended: bool = False) -> None:
+    """Abort an attempt's transaction. Where the sink keeps a journal, an attempt that may still run is marked
+    aborted first, and its entry kept until no attempt of it can run any more (``attempt_journal.py``); the entry
+    of an attempt known to have ended goes right after the abort."""
     journal = journal or sink.attempt_journal(query)
-    if journal is not None:
+    if journal is None:
+        sink.abort(query, handle_id)
+        return
+    marked_at = None if attempt_ended else journal.mark_aborted(handle_id)
+    sink.abort(query, handle_id)
+    if attempt_ended or (marked_at is not None
+                         and (datetime.now(UTC) - marked_at).total_seconds() >= STRAGGLER_GRACE_S):
         journal.end(handle_id)
 
 
@@ -165,6 +174,6 @@ def abort_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[
     journal = sink.attempt_journal(query)
     for handle in handles:
         if handle.id not in named:
-            discard(sink, query, handle.id, journal)
+            discard(sink, query, handle.id, journal, attempt_ended=True)
             aborted += 1
     return aborted

@@ -71,9 +71,23 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
         return journal.attempts()
 
     def decision_log(self, query: str) -> DecisionLog:
-        """Where the decisions of ``query`` are recorded. By default, files under ``control_location``."""
+        """Where the decisions of ``query`` are recorded. By default, files under ``control_location``: created once
+        locally and on S3 (a conditional PUT), checked for and then moved into place elsewhere (HDFS), where two
+        drivers deciding one batch at the same moment can race."""
         fs, root = self.control()
-        return FileDecisionLog(fs, f"{root}/{query}/decisions")
+        return FileDecisionLog(fs, f"{root}/{query}/decisions", self._control_s3 if fs.type_name == "s3" else None)
+
+    def _control_s3(self):
+        client = self.__dict__.get("_control_s3_client")
+        if client is None:
+            from ..s3 import S3Client
+
+            client = self.__dict__["_control_s3_client"] = S3Client.for_uri(self.control_location or "")
+        return client
+
+    def __getstate__(self) -> dict:
+        # Clients do not travel; each process opens its own.
+        return {key: value for key, value in self.__dict__.items() if key not in ("_control", "_control_s3_client")}
 
     def describe(self) -> str:
         """How the driver's reports name this sink."""

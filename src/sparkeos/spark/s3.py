@@ -1,11 +1,11 @@
-"""What the file sink needs of S3 beyond pyarrow's file system: writing an object only if none is there, and
-copying an object of any size.
+"""What the sinks need of S3 beyond pyarrow's file system: writing an object only if none is there, and copying an
+object of any size.
 
 pyarrow has no conditional write; S3's ``PutObject`` with ``If-None-Match: *`` (and S3-compatible stores that
 honour it) creates an object only where none exists, atomically. pyarrow copies with one ``CopyObject``, which S3
 refuses above 5 GiB; boto3's managed copy copies large objects in parts (``UploadPartCopy``), and the object
-appears whole when the upload completes. The client takes Hadoop's ``fs.s3a.*`` settings, as the sink's pyarrow
-file system does.
+appears whole when the upload completes. The client takes Hadoop's ``fs.s3a.*`` settings, as the file sink's pyarrow
+file system does, or the settings of an ``s3://`` URI as pyarrow reads them (``for_uri``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,25 @@ class S3Client:
             if option in settings:
                 arguments[argument] = settings[option]
         self.client = boto3.client("s3", config=Config(retries={"mode": "standard"}), **arguments)
+
+    @classmethod
+    def for_uri(cls, uri: str) -> S3Client:
+        """The client for an ``s3://[access:secret@]bucket/path[?endpoint_override=host:port&scheme=http&region=r]``
+        URI, with the settings pyarrow's ``FileSystem.from_uri`` takes from it; boto3's own (environment, profile)
+        for the rest."""
+        from urllib.parse import parse_qs, unquote, urlsplit
+
+        parts = urlsplit(uri)
+        query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        settings = {}
+        if "endpoint_override" in query:
+            settings["fs.s3a.endpoint"] = f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+        if "region" in query:
+            settings["fs.s3a.endpoint.region"] = query["region"]
+        if parts.username:
+            settings["fs.s3a.access.key"] = unquote(parts.username)
+            settings["fs.s3a.secret.key"] = unquote(parts.password or "")
+        return cls(settings)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         """Create the object at ``path`` (``bucket/key``) with ``data`` unless one is there; whether it was created."""
