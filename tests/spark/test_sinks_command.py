@@ -147,6 +147,13 @@ def test_kafka_transactional_ids_are_listed_and_a_querys_open_transactions_abort
         return query.id
 
     query = run(range(100))
+    # Another application's group that looks like a marker group of the query: not the sink's (its name lacks the
+    # Spark partition), so neither listed nor fenced.
+    from confluent_kafka import Consumer, TopicPartition
+
+    lookalike = Consumer({"bootstrap.servers": bootstrap, "group.id": f"someones-app/{query}/{target}"})
+    lookalike.commit(offsets=[TopicPartition(target, 0, 1)], asynchronous=False)
+    lookalike.close()
     lingering = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{prefix}-0",
                           "transaction.timeout.ms": 300_000})
     lingering.init_transactions(30)

@@ -199,7 +199,9 @@ def _drill(target: DrillTarget, bootstrap: str, tmp_path: Path) -> None:
                               len(committed_batches(checkpoint)), target.snapshot(in_flight)))
         feeder.stop()
         run_until_caught_up(driver, CYCLES, checkpoint, bootstrap, source)
-        target.ran(query_id(driver))
+        last = query_id(driver)
+        assert last is not None, f"the driver did not print its query id:\n{driver.error_tail()}"
+        target.ran(last)
         exit_code = driver.stop()
     finally:
         feeder.stop_requested.set()

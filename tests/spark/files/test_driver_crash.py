@@ -77,7 +77,8 @@ class FilesTarget(DrillTarget):
         return {name: output_values(output_rows(self.path, name)) for name in ("pyarrow", "duckdb")}
 
     def leftovers(self) -> list[str]:
-        problems = [*row_problems(output_rows(self.path, "pyarrow")), *decision_problems(self.path)]
+        problems = [*row_problems(output_rows(self.path, "pyarrow")), *row_problems(output_rows(self.path, "duckdb")),
+                    *decision_problems(self.path)]
         problems += [f"left staged: {entry}" for entry in staging_entries(self.path)][:5]
         problems += [f"file left staged: {file}" for file in staged_files(self.path)][:5]
         return problems
