@@ -94,9 +94,7 @@ def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(tmp_pat
     """The framework's decision log under ``controlLocation``, locally and on S3: two drivers of one query deciding
     one batch at the same moment must agree on one decision. On S3 a check-then-move let a later decision replace
     one whose transactions were already committed; a conditional PUT creates the decision only once."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from sparkeos.spark.two_phase_commit import Decision, Handle
+    from support.decision_race import assert_drivers_agree
     from support.jsonl_sink import JsonLinesSink
 
     if store == "local":
@@ -107,13 +105,7 @@ def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(tmp_pat
     drivers = [JsonLinesSink(str(tmp_path / "out")) for _ in range(6)]
     for driver in drivers:
         driver.control_location = control
-    for batch in range(3):
-        decisions = [Decision("q", batch, (Handle(f"{batch}-0-{n}", batch, 0, 10),)) for n in range(len(drivers))]
-        with ThreadPoolExecutor(len(drivers)) as pool:
-            held = list(pool.map(lambda pair: pair[0].decision_log("q").record(pair[1]),
-                                 zip(drivers, decisions, strict=True)))
-        assert held[0] in decisions and held == [held[0]] * len(drivers)
-        assert drivers[0].decision_log("q").read(batch) == held[0]
+    assert_drivers_agree([lambda driver=driver: driver.decision_log("q") for driver in drivers])
 
 
 def test_a_query_without_a_control_location_is_refused_naming_the_option(jsonl, tmp_path):

@@ -283,23 +283,15 @@ def test_drivers_recording_one_batch_at_once_all_keep_the_first_decision(tmp_pat
     """Two drivers of one query (a cluster manager's driver retry while the old driver still runs, a copied
     checkpoint) can decide the same batch at the same moment, each with its own tasks' files. A decision that a
     later one replaces after its files were published publishes the batch twice."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from sparkeos.spark.files.options import parse_file_sink_options
     from sparkeos.spark.files.sink import FileSink
-    from sparkeos.spark.two_phase_commit import Decision, Handle
+    from support.decision_race import assert_drivers_agree
 
     options = ({"path": str(tmp_path / "out")} if store == "local"
                else {"path": "s3a://sink-bucket/race", **request.getfixturevalue("s3_server")})
     FileSink(parse_file_sink_options(options)).prepare()
     drivers = [FileSink(parse_file_sink_options(options)) for _ in range(6)]
-    for batch in range(3):
-        decisions = [Decision("q", batch, (Handle(f"{batch}-0-{n}", batch, 0, 10),)) for n in range(len(drivers))]
-        with ThreadPoolExecutor(len(drivers)) as pool:
-            held = list(pool.map(lambda pair: pair[0].decision_log("q").record(pair[1]),
-                                 zip(drivers, decisions, strict=True)))
-        assert held[0] in decisions and held == [held[0]] * len(drivers)
-        assert drivers[0].decision_log("q").read(batch) == held[0]
+    assert_drivers_agree([lambda driver=driver: driver.decision_log("q") for driver in drivers])
 
 
 def test_on_s3_a_large_file_is_published_by_a_copy_in_parts(spark, tmp_path, s3_server):
