@@ -213,15 +213,64 @@ def _numbers_sink(spark, broker, request, tmp_path, sink):
                     .option("checkpointLocation", str(checkpoint)))
 
         def numbers() -> list[int]:
+            if not list(path.rglob("*.parquet")):
+                return []
             return sorted(ds.dataset(str(path), format="parquet").to_table()["n"].to_pylist())
     else:
+        from sparkeos.spark.postgres.datasource import PostgresDataSource
+
         postgres = request.getfixturevalue("postgres")
-        writer = request.getfixturevalue("postgres_writer")
+        spark.dataSource.register(PostgresDataSource)
+        table = f"t_{uuid.uuid4().hex[:10]}"
+
+        def writer(frame, checkpoint):
+            return (frame.writeStream.format("sparkeos.postgres").option("url", postgres.url())
+                    .option("dbtable", table).option("createTable", "true")
+                    .option("checkpointLocation", str(checkpoint)))
 
         def numbers() -> list[int]:
             with postgres.connect() as connection:
-                return sorted(n for (n,) in connection.execute(f"SELECT n FROM {writer.table}"))
+                if connection.execute("SELECT to_regclass(%s)", [table]).fetchone()[0] is None:
+                    return []
+                return sorted(n for (n,) in connection.execute(f"SELECT n FROM {table}"))
     return writer, numbers
+
+
+def _run_numbers(spark, bootstrap: str, source: str, writer, checkpoint, max_offsets: int = 100) -> None:
+    """Run the numbers of `source` into `writer`'s target until the query consumed them, then stop it."""
+    frame = (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", source).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", str(max_offsets)).load()
+             .selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS n"))
+    query = writer(frame, checkpoint).start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize("sink", ["kafka", "files", "postgres"])
+def test_a_checkpoint_of_another_target_is_refused(spark, broker, request, tmp_path, sink):
+    """A checkpoint copied for another query, or a query pointed at another target: Spark goes on from the
+    checkpoint's last batch, so the other target got only what came after it, and its readers could not tell. The
+    checkpoint records its target; another one is refused, naming both, and gets nothing."""
+    import shutil
+
+    from support.spark import create_topic, produce
+
+    bootstrap = broker.bootstrap_servers
+    source = create_topic(bootstrap, unique("in"))
+    first, first_numbers = _numbers_sink(spark, broker, request, tmp_path / "first", sink)
+    second, second_numbers = _numbers_sink(spark, broker, request, tmp_path / "second", sink)
+    produce(bootstrap, source, [str(i) for i in range(100)])
+    _run_numbers(spark, bootstrap, source, first, tmp_path / "ck")
+    shutil.copytree(tmp_path / "ck", tmp_path / "copy")
+    produce(bootstrap, source, [str(i) for i in range(100, 200)])
+    with pytest.raises(StreamingQueryException, match=f"belongs to the sparkeos.{sink} sink writing to"):
+        _run_numbers(spark, bootstrap, source, second, tmp_path / "copy")
+    assert second_numbers() == []
+    _run_numbers(spark, bootstrap, source, first, tmp_path / "ck")
+    assert first_numbers() == list(range(200))
 
 
 @pytest.mark.parametrize("sink", ["kafka", "files", "postgres"])
@@ -239,15 +288,7 @@ def test_a_checkpoint_behind_its_sinks_output_is_refused(spark, broker, request,
     writer, numbers = _numbers_sink(spark, broker, request, tmp_path, sink)
 
     def run(checkpoint, max_offsets: int) -> None:
-        frame = (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
-                 .option("subscribe", source).option("startingOffsets", "earliest")
-                 .option("maxOffsetsPerTrigger", str(max_offsets)).load()
-                 .selectExpr("CAST(CAST(value AS STRING) AS BIGINT) AS n"))
-        query = writer(frame, checkpoint).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
+        _run_numbers(spark, bootstrap, source, writer, checkpoint, max_offsets)
 
     produce(bootstrap, source, [str(i) for i in range(100)])
     run(tmp_path / "ck", 100)

@@ -131,6 +131,9 @@ class FileSink(TwoPhaseCommitSink[StagedFiles]):
     def describe(self) -> str:
         return f"sparkeos.files {self.options.format} at {self.options.path}"
 
+    def checkpoint_target(self) -> str:
+        return f"directory {self.root} ({self.fs.type_name})"
+
     def _query_dir(self, query: str) -> str:
         return f"{self.root}/{CONTROL_DIR}/{query}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from ..checkpoint_target import claim_checkpoint
 from ..gc_pause import freeze_planner_worker_once
 from ..options import batch_write_id
 from .options import check_source_options, parse_sink_options, parse_source_options
@@ -54,5 +55,7 @@ class KafkaDataSource(DataSource):
         batch_write_id(self.options, self.name(), streaming=True)
         options = parse_sink_options(self.options)
         validate_input_schema(schema, options)
+        claim_checkpoint(self.options, self.name(),
+                         f"topic {options.topic}" if options.topic else "the topics its rows name")
         marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
         return KafkaStreamWriter(options, marker_partitions)

@@ -129,6 +129,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         self.columns: list[Column] = []
         self.decisions_schema = options.table.schema or "public"
         self.target = ""  # set by prepare(): a short name of the database and table written
+        self.target_label = ""  # and its long name
         self._connection: psycopg.Connection | None = None
 
     def __getstate__(self) -> dict:
@@ -136,6 +137,9 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
 
     def describe(self) -> str:
         return f"sparkeos.postgres table {self.table} at {describe_url(self.options.url)}"
+
+    def checkpoint_target(self) -> str | None:
+        return self.target_label or None
 
     # --- connections ---
 
@@ -214,6 +218,7 @@ class PostgresSink(TwoPhaseCommitSink[TaskTransaction]):
         database = connection.execute("SELECT current_database()").fetchone()[0]
         self.target = hashlib.sha256(f"{database}\0{self.decisions_schema}\0{self.table.name}".encode()
                                      ).hexdigest()[:8]
+        self.target_label = f"table {self.decisions_schema}.{self.table.name} of database {database}"
 
     def attach(self) -> None:
         """For an operator's command: find the sink's tables without checking or creating anything."""

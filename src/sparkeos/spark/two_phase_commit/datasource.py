@@ -7,6 +7,7 @@ from abc import abstractmethod
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from ..checkpoint_target import claim_checkpoint
 from ..gc_pause import freeze_planner_worker_once
 from ..options import batch_write_id
 from .sink import TwoPhaseCommitSink
@@ -54,7 +55,9 @@ class TwoPhaseCommitDataSource(DataSource):
         refuse_complete_mode(self.name(), overwrite)
         batch_write_id(self.options, self.name(), streaming=True)
         freeze_planner_worker_once()
-        return TwoPhaseCommitStreamWriter(self._ready_sink(schema))
+        sink = self._ready_sink(schema)
+        claim_checkpoint(self.options, self.name(), sink.checkpoint_target())
+        return TwoPhaseCommitStreamWriter(sink)
 
     def _ready_sink(self, schema: StructType) -> TwoPhaseCommitSink:
         sink = self.sink(schema)

@@ -93,6 +93,12 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
         """How the driver's reports name this sink."""
         return type(self).__name__
 
+    def checkpoint_target(self) -> str | None:
+        """The target this sink writes, named so that any other target differs, once it is checked or prepared: a
+        query's checkpoint is bound to it, and refused for another (``spark/checkpoint_target.py``). Optional: None
+        binds nothing."""
+        return None
+
     # --- what the framework keeps for a sink under ``control_location`` ---
 
     def keeps_attempt_journal(self) -> bool:
