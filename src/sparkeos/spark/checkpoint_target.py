@@ -6,7 +6,12 @@ query pointed at another table, directory or topic, would write to that target o
 checkpoint's last batch: the new target would lack everything before, and its readers could not tell. So the
 first stream writer of a checkpoint records its sink and target in ``<checkpointLocation>/sparkeos/target``, and
 every later one compares: another target is refused with an error naming both. To write the output to another
-target, start the query with a new checkpoint.
+target, start the query with a new checkpoint. Until Spark logged a batch committed (``<checkpoint>/commits``), the
+record may be replaced: a first run that failed before it wrote anything binds nothing.
+
+The record is created once (locally, a synced file linked to its name; elsewhere written and read back), so two
+first writers with different targets cannot both pass. Spark builds a stream writer for every batch: a process
+checks a (checkpoint, target) once.
 
 Spark hands a sink the option ``checkpointLocation`` only when the query sets it; a query whose checkpoint comes from
 ``spark.sql.streaming.checkpointLocation`` is not checked. Nor is a checkpoint on a file system pyarrow cannot open
@@ -18,13 +23,17 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+import re
 from collections.abc import Mapping
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .reports import report
 
 RECORD = "sparkeos/target"
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_checked: set[tuple[str, str, str]] = set()  # (location, format, target) this process checked or cannot check
 
 
 class CheckpointOfAnotherTarget(ValueError):
@@ -32,7 +41,7 @@ class CheckpointOfAnotherTarget(ValueError):
 
 
 def _open(location: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in location:
+    if not _URI.match(location):
         return pafs.LocalFileSystem(), posixpath.abspath(location)
     if location.startswith("s3a://"):
         location = "s3://" + location[len("s3a://"):]
@@ -44,23 +53,18 @@ def claim_checkpoint(options: Mapping[str, str], format_name: str, target: str |
     """Record that the checkpoint named by ``options`` writes to ``target`` of ``format_name``, or refuse it if it
     wrote to another; nothing without a checkpointLocation option or a target."""
     location = next((value for key, value in options.items() if key.lower() == "checkpointlocation"), None)
-    if not location or target is None:
+    if not location or target is None or (location, format_name, target) in _checked:
         return
     claimed = {"format": format_name, "target": target}
     try:
         fs, root = _open(location)
-        path = f"{root}/{RECORD}"
-        try:
-            with fs.open_input_stream(path) as stream:
-                recorded = json.loads(stream.read())
-        except FileNotFoundError:
-            fs.create_dir(posixpath.dirname(path), recursive=True)
-            with fs.open_output_stream(path) as stream:
-                stream.write(json.dumps(claimed).encode())
-            return
-    except (OSError, ValueError) as exc:  # pyarrow's errors are OSError (and ArrowInvalid a ValueError)
+        recorded = _read(fs, f"{root}/{RECORD}")
+        if recorded is None or (recorded != claimed and not _committed_any(fs, root)):
+            recorded = _record(fs, f"{root}/{RECORD}", claimed, replace=recorded is not None)
+    except (OSError, pa.ArrowException) as exc:  # what pyarrow raises for a file system it cannot reach or open
         report(logging.WARNING, f"cannot read or write {location}/{RECORD} ({exc}): whether the query's checkpoint "
                                 "belongs to another target is not checked")
+        _checked.add((location, format_name, target))
         return
     if recorded != claimed:
         raise CheckpointOfAnotherTarget(
@@ -69,3 +73,43 @@ def claim_checkpoint(options: Mapping[str, str], format_name: str, target: str |
             "the checkpoint's last batch, so the new target would lack everything written before. Start the query "
             f"with a new checkpoint to write the output to {target}, or give it its own target back."
         )
+    _checked.add((location, format_name, target))
+
+
+def _read(fs: pafs.FileSystem, path: str) -> dict | None:
+    try:
+        with fs.open_input_stream(path) as stream:
+            data = stream.read()
+    except FileNotFoundError:
+        return None
+    if not data.strip():  # a writer that died before writing it, where creating and writing are two steps
+        return None
+    try:
+        recorded = json.loads(data)
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise CheckpointOfAnotherTarget(f"{path} does not say which target the checkpoint belongs to ({data[:80]!r}); "
+                                        "remove it, and the query's next start records its target anew")
+    return recorded
+
+
+def _committed_any(fs: pafs.FileSystem, root: str) -> bool:
+    """Whether Spark logged a batch of the checkpoint committed."""
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/commits", allow_not_found=True))
+    return any(info.base_name.isdigit() for info in infos)
+
+
+def _record(fs: pafs.FileSystem, path: str, claimed: dict, replace: bool) -> dict:
+    """Create the record (or replace it, where nothing was committed); the record that holds."""
+    data = json.dumps(claimed).encode()
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem) and not replace:
+        from .two_phase_commit.file_decision_log import create_local_file_exclusively  # the package imports this
+
+        if not create_local_file_exclusively(path, data):
+            return _read(fs, path) or claimed
+        return claimed
+    with fs.open_output_stream(path) as stream:
+        stream.write(data)
+    return _read(fs, path) or claimed

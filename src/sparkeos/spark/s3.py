@@ -10,7 +10,10 @@ file system does, or the settings of an ``s3://`` URI as pyarrow reads them (``f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+
+CONFLICT_RETRIES = 6
 
 
 class S3Client:
@@ -44,7 +47,8 @@ class S3Client:
         query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         settings = {}
         if "endpoint_override" in query:
-            settings["fs.s3a.endpoint"] = f"{query.get('scheme', 'https')}://{query['endpoint_override']}"
+            endpoint = query["endpoint_override"]
+            settings["fs.s3a.endpoint"] = endpoint if "://" in endpoint else f"{query.get('scheme', 'https')}://{endpoint}"
         if "region" in query:
             settings["fs.s3a.endpoint.region"] = query["region"]
         if parts.username:
@@ -57,14 +61,21 @@ class S3Client:
         from botocore.exceptions import ClientError
 
         bucket, _, key = path.partition("/")
-        try:
-            self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code")
-            if code in ("PreconditionFailed", "412"):
-                return False
-            raise
-        return True
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                self.client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            except ClientError as error:
+                code = error.response.get("Error", {}).get("Code")
+                if code in ("PreconditionFailed", "412"):
+                    return False
+                # Another conditional write of the key is under way: it creates the object, or fails and leaves
+                # the key to a retry.
+                if code in ("ConditionalRequestConflict", "409") and attempt + 1 < CONFLICT_RETRIES:
+                    time.sleep(0.05 * 2 ** attempt)
+                    continue
+                raise
+            return True
+        raise AssertionError("unreachable")
 
     def copy(self, source: str, target: str) -> None:
         """Copy the object at ``source`` to ``target`` (both ``bucket/key``): in parts above boto3's multipart

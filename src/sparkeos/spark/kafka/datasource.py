@@ -55,7 +55,7 @@ class KafkaDataSource(DataSource):
         batch_write_id(self.options, self.name(), streaming=True)
         options = parse_sink_options(self.options)
         validate_input_schema(schema, options)
+        marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
         claim_checkpoint(self.options, self.name(),
                          f"topic {options.topic}" if options.topic else "the topics its rows name")
-        marker_partitions = prepare_exactly_once(options) if options.delivery_guarantee == "exactly_once" else 0
         return KafkaStreamWriter(options, marker_partitions)

@@ -67,7 +67,7 @@ class AttemptJournal:
         if info.type == pafs.FileType.NotFound:
             return None
         if info.size:
-            return info.mtime
+            return info.mtime or datetime.now(UTC)  # a store that keeps no times: the grace never ends
         with self.fs.open_output_stream(self._path(handle_id)) as stream:
             stream.write(ABORTED_MARK)
         return datetime.now(UTC)

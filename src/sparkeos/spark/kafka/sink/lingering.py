@@ -74,6 +74,8 @@ class KafkaSinkOperator:
 
     def list_pending(self, query: str | None = None) -> list[PendingWork]:
         ids = self._ids()
+        if not any(ids.get(name) for name in (ids if query is None else [query])):
+            return []
         # Every partition, as the sink reads its markers: partitions added to the marker topic since an id last
         # committed moved its home partition, and its newest offset sits on the old one.
         markers = [(self.options.marker_topic, partition) for partition in range(self._marker_partitions())]
