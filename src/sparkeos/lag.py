@@ -30,6 +30,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 from confluent_kafka.admin import AdminClient
 from pyarrow import fs as pafs
 
+from .locations import open_location
 from .spark.kafka.cluster import KafkaCluster
 from .spark.kafka.source.offsets import BATCH_START_KEY, RESERVED_KEY_PREFIX, Offsets
 
@@ -76,15 +77,10 @@ class CheckpointFiles:
 
     def __init__(self, location: str):
         self.location = location
-        if "://" in location:
-            uri = "s3://" + location[len("s3a://"):] if location.startswith("s3a://") else location
-            try:
-                self.fs, self.root = pafs.FileSystem.from_uri(uri)
-            except (OSError, ValueError) as exc:
-                raise LagUsageError(f"cannot open checkpoint {location}: {exc}") from None
-            self.root = self.root.rstrip("/")
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), str(Path(location).absolute())
+        try:
+            self.fs, self.root = open_location(location)
+        except (OSError, ValueError) as exc:
+            raise LagUsageError(f"cannot open checkpoint {location}: {exc}") from None
 
     def check(self) -> None:
         """A usage error unless `location` is a directory that holds a Spark checkpoint."""

@@ -23,30 +23,20 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-import re
 from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ..locations import create_local_file_exclusively, open_location
 from .reports import report
 
 RECORD = "sparkeos/target"
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _checked: set[tuple[str, str, str]] = set()  # (location, format, target) this process checked or cannot check
 
 
 class CheckpointOfAnotherTarget(ValueError):
     """The query's checkpoint wrote to another target than the one it is now given."""
-
-
-def _open(location: str) -> tuple[pafs.FileSystem, str]:
-    if not _URI.match(location):
-        return pafs.LocalFileSystem(), posixpath.abspath(location)
-    if location.startswith("s3a://"):
-        location = "s3://" + location[len("s3a://"):]
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path.rstrip("/")
 
 
 def claim_checkpoint(options: Mapping[str, str], format_name: str, target: str | None) -> None:
@@ -57,7 +47,7 @@ def claim_checkpoint(options: Mapping[str, str], format_name: str, target: str |
         return
     claimed = {"format": format_name, "target": target}
     try:
-        fs, root = _open(location)
+        fs, root = open_location(location)
         recorded = _read(fs, f"{root}/{RECORD}")
         if recorded is None or (recorded != claimed and not _committed_any(fs, root)):
             recorded = _record(fs, f"{root}/{RECORD}", claimed, replace=recorded is not None)
@@ -105,8 +95,6 @@ def _record(fs: pafs.FileSystem, path: str, claimed: dict, replace: bool) -> dic
     data = json.dumps(claimed).encode()
     fs.create_dir(posixpath.dirname(path), recursive=True)
     if isinstance(fs, pafs.LocalFileSystem) and not replace:
-        from .two_phase_commit.file_decision_log import create_local_file_exclusively  # the package imports this
-
         if not create_local_file_exclusively(path, data):
             return _read(fs, path) or claimed
         return claimed

@@ -29,6 +29,7 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ...locations import open_location
 from .. import failpoints
 from ..s3 import S3Client
 from ..two_phase_commit import (
@@ -52,14 +53,9 @@ _ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(0x20)}
 def file_system(path: str, s3: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
     """pyarrow's file system for ``path`` (a local path, or a URI: file://, s3://, s3a://, hdfs://...), and the path
     within it. ``s3`` holds Hadoop's `fs.s3a.*` settings for S3 and S3-compatible stores."""
-    if "://" not in path:
-        return pafs.LocalFileSystem(), posixpath.abspath(path)
-    if path.startswith("s3a://"):
-        path = "s3://" + path[len("s3a://"):]
-    if path.startswith("s3://") and s3:
-        return _s3_file_system(s3), path[len("s3://"):].rstrip("/")
-    fs, base = pafs.FileSystem.from_uri(path)
-    return fs, base.rstrip("/")
+    if s3 and path.startswith(("s3://", "s3a://")):
+        return _s3_file_system(s3), path.split("://", 1)[1].rstrip("/")
+    return open_location(path)
 
 
 def _s3_file_system(s3: dict[str, str]) -> pafs.S3FileSystem:

@@ -61,15 +61,15 @@ class TwoPhaseCommitDataSource(DataSource):
 
     def _ready_sink(self, schema: StructType) -> TwoPhaseCommitSink:
         sink = self.sink(schema)
-        if sink.needs_control_location() and not sink.control_location:
-            location = self.options.get(CONTROL_LOCATION_OPTION, "").strip()
-            if not location:
+        if not sink.needs_control_location():
+            return sink
+        if not sink.control_location:
+            sink.control_location = self.options.get(CONTROL_LOCATION_OPTION, "").strip()
+            if not sink.control_location:
                 raise ValueError(
                     f"the {self.name()} sink needs the option {CONTROL_LOCATION_OPTION}: a directory that the driver "
                     "and every executor reach (a path, or an s3:// or hdfs:// URI), where the sink's task attempts "
                     "and batch decisions are recorded; keep it for as long as the query's checkpoint"
                 )
-            sink.control_location = location
-        if sink.needs_control_location():
-            sink.control()
+        sink.control()
         return sink

@@ -3,7 +3,6 @@ reaches (local, S3, HDFS), created once and never replaced."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -11,6 +10,7 @@ from typing import Protocol
 
 import pyarrow.fs as pafs
 
+from ...locations import create_local_file_exclusively
 from .decision_log import DecisionLog
 from .handles import Decision
 
@@ -23,30 +23,6 @@ class ConditionalPut(Protocol):
 
 class DecisionUnreadable(RuntimeError):
     """A decision file exists but cannot be read."""
-
-
-def create_local_file_exclusively(path: str, data: bytes) -> bool:
-    """Write ``path`` whole unless it exists; whether this call created it. The bytes go to a temporary file that
-    is synced and then linked to ``path`` (link, unlike rename, fails if the name exists), so the name never
-    shows a partial file, and a decision survives a power cut once recorded."""
-    directory = os.path.dirname(path)
-    temporary = os.path.join(directory, f".{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
-    with open(temporary, "wb") as stream:
-        stream.write(data)
-        stream.flush()
-        os.fsync(stream.fileno())
-    try:
-        os.link(temporary, path)
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(temporary)
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    return True
 
 
 class FileDecisionLog(DecisionLog):

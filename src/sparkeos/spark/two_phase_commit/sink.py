@@ -3,7 +3,6 @@ framework's defaults, how its pending work is listed and its decisions recorded.
 
 from __future__ import annotations
 
-import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime
@@ -12,6 +11,7 @@ from typing import Generic, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ...locations import open_location
 from .attempt_journal import AttemptJournal
 from .decision_log import DecisionLog
 from .file_decision_log import FileDecisionLog
@@ -126,12 +126,7 @@ class TwoPhaseCommitSink(ABC, Generic[Transaction]):
                 "reach, where the framework records the sink's attempts and decisions, or implement both pending "
                 "and decision_log"
             )
-        if "://" in location:
-            fs, path = pafs.FileSystem.from_uri(location)
-            control = fs, path.rstrip("/")
-        else:
-            control = pafs.LocalFileSystem(), posixpath.abspath(location)
-        self.__dict__["_control"] = control
+        control = self.__dict__["_control"] = open_location(location)
         return control
 
     # --- for operators (``sparkeos sinks``), optional ---
