@@ -76,7 +76,7 @@ class DrillTarget:
     """A sink under the drill. ``aimed`` maps a cycle to the moment its kill aims at; ``must_hit`` names what the
     kills must have found at least once (``decided``, ``pending``), or the drill proved less than it claims."""
 
-    name = "sink"
+    name = "sink"  # as the drill's report names it
     aimed: dict[int, AimedKill] = {}
     must_hit: frozenset[str] = frozenset()
 
@@ -117,6 +117,7 @@ class DrillTarget:
 
 @dataclass
 class DrillResult:
+    sink: str
     seed: int
     kills: list[Kill]
     elapsed_s: float
@@ -124,11 +125,19 @@ class DrillResult:
     batches: int
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def mid_batch(self) -> int:
+        return sum(k.batch_in_flight is not None for k in self.kills)
+
+    @property
+    def grew(self) -> int:
+        """Between how many pairs of kills the output grew."""
+        return sum(1 for a, b in zip(self.kills, self.kills[1:], strict=False) if b.state.output > a.state.output)
+
     def report(self) -> str:
-        mid_batch = sum(k.batch_in_flight is not None for k in self.kills)
-        grew = sum(1 for a, b in zip(self.kills, self.kills[1:], strict=False) if b.state.output > a.state.output)
+        mid_batch, grew = self.mid_batch, self.grew
         return (
-            f"seed {self.seed}: {len(self.kills)} kills in {self.elapsed_s:.0f} s, {mid_batch} mid-batch, "
+            f"{self.sink}, seed {self.seed}: {len(self.kills)} kills in {self.elapsed_s:.0f} s, {mid_batch} mid-batch, "
             f"{sum(k.state.in_flight_decided for k in self.kills)} after the in-flight batch was decided, "
             f"{sum(k.state.unfinished_decisions > 0 for k in self.kills)} with a decision unfinished, "
             f"{sum(k.state.pending > 0 for k in self.kills)} with transactions pending; output grew between {grew} "
@@ -207,8 +216,8 @@ def _drill(target: DrillTarget, bootstrap: str, tmp_path: Path) -> None:
         feeder.stop_requested.set()
         target.stop_watching()
         driver.kill()
-    result = DrillResult(seed, kills, time.monotonic() - started, feeder, len(committed_batches(checkpoint)),
-                         [target.describe()])
+    result = DrillResult(target.name, seed, kills, time.monotonic() - started, feeder,
+                         len(committed_batches(checkpoint)), [target.describe()])
     report = result.report()
     print(report)
     assert exit_code == 0 and STOPPED_LINE in driver.output(), f"no clean stop:\n{driver.error_tail()}\n{report}"
@@ -220,9 +229,8 @@ def _drill(target: DrillTarget, bootstrap: str, tmp_path: Path) -> None:
     assert watched == [], "the readers watching the output saw:\n" + "\n".join(watched) + f"\n{report}"
 
     assert feeder.transactions["abort"] >= 3 and feeder.transactions["commit"] >= 3, report
-    assert sum(k.batch_in_flight is not None for k in kills) >= 3, f"too few kills hit a running batch\n{report}"
-    grew = sum(1 for a, b in zip(kills, kills[1:], strict=False) if b.state.output > a.state.output)
-    assert grew >= 3, f"the query hardly made progress between kills\n{report}"
+    assert result.mid_batch >= 3, f"too few kills hit a running batch\n{report}"
+    assert result.grew >= 3, f"the query hardly made progress between kills\n{report}"
     if "decided" in target.must_hit:
         assert any(k.state.in_flight_decided for k in kills), f"no kill came after a batch was decided\n{report}"
     if "pending" in target.must_hit:
