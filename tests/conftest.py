@@ -1,7 +1,13 @@
-"""Shared fixtures: a real broker over real TCP for every test that needs one."""
+"""Shared fixtures: a real broker over real TCP for every test that needs one.
+
+A test (or module) marked `apache_kafka` runs once against the embedded broker and once against each Apache Kafka
+version of `SPARKEOS_TEST_KAFKA` (default: every version of support/apache_kafka.VERSIONS; `none` runs the embedded
+broker only), through the same `broker` fixture. Its test ids end in `[embedded]`, `[kafka-4.4.0]`, ...
+"""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,14 +15,67 @@ from pathlib import Path
 import pytest
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
+from support import apache_kafka
+from support.apache_kafka import ApacheKafkaCluster
 from support.postgres import PostgresServer
 
 
+def apache_kafka_versions() -> list[str]:
+    chosen = os.environ.get("SPARKEOS_TEST_KAFKA")
+    if chosen is None:
+        return list(apache_kafka.VERSIONS)
+    return [version.strip() for version in chosen.split(",") if version.strip() and version.strip() != "none"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "apache_kafka: run against the embedded broker and each Apache Kafka version (tests/conftest.py)"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "broker" in metafunc.fixturenames and metafunc.definition.get_closest_marker("apache_kafka"):
+        kinds = ["embedded", *(f"kafka-{version}" for version in apache_kafka_versions())]
+        metafunc.parametrize("broker", kinds, indirect=True)
+
+
+class ApacheKafkaNodes:
+    """One single-node Apache Kafka per version, started on first use and shared by the tests of a test process:
+    each test works in topics, groups and transactional ids of its own."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.clusters: dict[str, apache_kafka.ApacheKafkaCluster] = {}
+
+    def node(self, version: str) -> apache_kafka.ApacheKafkaCluster:
+        if version not in self.clusters:
+            self.clusters[version] = apache_kafka.ApacheKafkaCluster(self.root / version, version).start()
+        return self.clusters[version]
+
+    def stop(self) -> None:
+        for cluster in self.clusters.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApacheKafkaNodes]:
+    nodes = ApacheKafkaNodes(tmp_path_factory.mktemp("apache-kafka"))
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    """An in-process broker on a free port, with a fresh data dir."""
-    with EmbeddedBroker(tmp_path / "broker") as running:
-        yield running
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedBroker | ApacheKafkaCluster]:
+    """An in-process broker on a free port, with a fresh data dir; in a test marked `apache_kafka`, also a shared
+    Apache Kafka node of each version."""
+    kind = getattr(request, "param", "embedded")
+    if kind == "embedded":
+        with EmbeddedBroker(tmp_path / "broker") as running:
+            yield running
+    else:
+        yield request.getfixturevalue("apache_kafka_nodes").node(kind.removeprefix("kafka-"))
 
 
 @pytest.fixture

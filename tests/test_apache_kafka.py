@@ -1,0 +1,105 @@
+"""The Apache Kafka harness the connectors are proven on (support/apache_kafka.py, support/maven.py): jars from
+Maven Central, single nodes of each version, a three-node cluster whose nodes are killed -9 and restarted."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from support import apache_kafka
+from support.maven import MavenUnavailable, cached_jars
+from support.spark import wait_for
+
+
+def test_transaction_coordinators_are_placed_as_kafka_places_them() -> None:
+    # Java's String.hashCode of each, as printed by a JVM; "polygenelubricants" hashes to Integer.MIN_VALUE, which
+    # Kafka's Utils.abs maps to 0.
+    assert apache_kafka._java_string_hash_abs("") == 0
+    assert apache_kafka._java_string_hash_abs("abc") == 96354
+    assert apache_kafka._java_string_hash_abs("sparkeos-0") == 1109442479
+    assert apache_kafka._java_string_hash_abs("polygenelubricants") == 0
+    assert apache_kafka._java_string_hash_abs("\U0001f600") == 1772899  # a surrogate pair counts as two units
+
+
+def test_jars_missing_from_the_cache_without_maven_name_what_to_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    with pytest.raises(MavenUnavailable, match="install Maven"):
+        cached_jars("kafka-clients", ["org.apache.kafka:kafka-clients:3.9.1"], tmp_path / "cache")
+    with pytest.raises(ValueError, match="group:artifact:version"):
+        cached_jars("bad", ["org.apache.kafka:kafka-clients"], tmp_path / "cache")
+
+
+def test_jars_are_fetched_once_into_a_complete_entry(tmp_path, monkeypatch) -> None:
+    jars = cached_jars("kafka-clients", ["org.apache.kafka:kafka-clients:3.9.1"], tmp_path)
+    names = sorted(jar.name for jar in jars)
+    assert "kafka-clients-3.9.1.jar" in names and any(name.startswith("zstd-jni") for name in names)
+    entry = jars[0].parent
+    assert sorted((entry / ".complete").read_text().split()) == names
+    # A second call takes the entry as it is, without Maven.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    assert cached_jars("kafka-clients", ["org.apache.kafka:kafka-clients:3.9.1"], tmp_path) == jars
+
+
+def _create_numbers_topic(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer: its end fails the future
+    admin.create_topics([NewTopic("numbers", 3)])["numbers"].result(30)
+
+
+def _commit_numbers(bootstrap: str, topic: str, numbers: range, transactional_id: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for number in numbers:
+        producer.produce(topic, str(number).encode(), partition=number % 3)
+    producer.commit_transaction(60)
+
+
+def _read_committed(bootstrap: str, topic: str, expected: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, 0) for partition in range(3)])
+    seen: list[int] = []
+    try:
+        wait_for(lambda: seen.extend(int(message.value()) for message in consumer.consume(500, 1)
+                                     if message.error() is None) or len(seen) >= expected,
+                 timeout_s=60, what=f"{expected} committed records of {topic}")
+    finally:
+        consumer.close()
+    return seen
+
+
+@pytest.mark.parametrize("version", apache_kafka.VERSIONS)
+def test_a_node_of_each_version_serves_transactions_across_a_kill_9(tmp_path, version) -> None:
+    with apache_kafka.ApacheKafkaCluster(tmp_path, version) as cluster:
+        assert f"Kafka version: {version}" in cluster.nodes[1].log.read_text()
+        _create_numbers_topic(cluster.bootstrap_servers)
+        _commit_numbers(cluster.bootstrap_servers, "numbers", range(0, 100), "writer")
+        cluster.kill(1)
+        assert not cluster.nodes[1].alive()
+        cluster.restart(1)
+        _commit_numbers(cluster.bootstrap_servers, "numbers", range(100, 200), "writer")
+        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers", 200)) == list(range(200))
+
+
+def test_a_three_node_cluster_elects_another_leader_and_takes_its_node_back(tmp_path) -> None:
+    with apache_kafka.ApacheKafkaCluster(tmp_path, nodes=3) as cluster:
+        settings = cluster.broker_settings(cluster.nodes[1])
+        assert (settings["default.replication.factor"], settings["min.insync.replicas"]) == (3, 2)
+        _create_numbers_topic(cluster.bootstrap_servers)
+        _commit_numbers(cluster.bootstrap_servers, "numbers", range(0, 100), "writer")
+        coordinator = cluster.transaction_coordinator("writer")
+        leader = cluster.leader_of("numbers", 0)
+        cluster.kill(leader)
+        wait_for(lambda: cluster.leader_of("numbers", 0) not in (leader, -1), timeout_s=60,
+                 what="a new leader of numbers-0")
+        if coordinator != leader:
+            cluster.kill(coordinator)
+        # Two of three nodes hold every partition's in-sync replicas, or one: writes go on once both are back.
+        cluster.restart(leader)
+        if coordinator != leader:
+            cluster.restart(coordinator)
+        _commit_numbers(cluster.bootstrap_servers, "numbers", range(100, 200), "writer")
+        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers", 200)) == list(range(200))
