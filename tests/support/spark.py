@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
@@ -113,16 +113,33 @@ def produce(bootstrap: str, topic: str, values: Iterable[bytes | str], keys: Ite
 
 def produce_transaction(bootstrap: str, topic: str, values: Iterable[bytes | str], commit: bool,
                         partition: int = 0, transactional_id: str | None = None) -> None:
+    """One transaction's records, committed or aborted; returns once read_committed readers are past them. Apache
+    Kafka answers EndTxn when the outcome is decided and writes the partition's marker after it."""
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id or unique("txn")})
     producer.init_transactions(30)
     producer.begin_transaction()
+    offsets: list[int] = []
     for value in values:
-        producer.produce(topic, value=value.encode() if isinstance(value, str) else value, partition=partition)
+        producer.produce(topic, value=value.encode() if isinstance(value, str) else value, partition=partition,
+                         on_delivery=lambda error, message: offsets.append(message.offset()) if error is None else None)
+    producer.flush(30)
     if commit:
         producer.commit_transaction(30)
     else:
-        producer.flush(30)
         producer.abort_transaction(30)
+    if offsets:
+        wait_until_stable(bootstrap, TopicPartition(topic, partition), max(offsets) + 1)
+
+
+def wait_until_stable(bootstrap: str, partition: TopicPartition, offset: int, timeout_s: float = 30.0) -> None:
+    """Until the partition's last stable offset is past `offset`: every transaction below it has ended."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("lso"), "isolation.level": "read_committed"})
+    try:
+        wait_for(lambda: reader.get_watermark_offsets(partition, timeout=10, cached=False)[1] >= offset,
+                 timeout_s=timeout_s, what=f"the last stable offset of {partition.topic}-{partition.partition} "
+                                           f"to reach {offset}")
+    finally:
+        reader.close()
 
 
 def commit_sink_batch(writer, batch: int, query_id: str = "query") -> None:

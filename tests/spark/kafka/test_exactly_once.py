@@ -30,6 +30,8 @@ from support.spark import (
 )
 from support.wire import WireClient
 
+pytestmark = pytest.mark.apache_kafka
+
 
 def start_pipeline(spark, bootstrap: str, source: str, sink: str, checkpoint: str, starting: str = "earliest",
                    source_options: dict[str, str] | None = None, transform=None, **sink_options):
