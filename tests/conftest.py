@@ -34,9 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "broker" in metafunc.fixturenames and metafunc.definition.get_closest_marker("apache_kafka"):
-        kinds = ["embedded", *(f"kafka-{version}" for version in apache_kafka_versions())]
-        metafunc.parametrize("broker", kinds, indirect=True)
+    if not metafunc.definition.get_closest_marker("apache_kafka"):
+        return
+    kinds = ["embedded", *(f"kafka-{version}" for version in apache_kafka_versions())]
+    for fixture in ("broker", "broker_process"):
+        if fixture in metafunc.fixturenames:
+            metafunc.parametrize(fixture, kinds, indirect=True)
+            return
+    raise pytest.UsageError(f"{metafunc.definition.nodeid} is marked apache_kafka but uses no broker fixture")
 
 
 class ApacheKafkaNodes:
@@ -78,10 +83,33 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedB
         yield request.getfixturevalue("apache_kafka_nodes").node(kind.removeprefix("kafka-"))
 
 
+class ApacheKafkaProcess:
+    """A single-node Apache Kafka of a test's own, with BrokerProcess's start() and kill()."""
+
+    def __init__(self, root: Path, version: str):
+        self.cluster = ApacheKafkaCluster(root, version)
+        self.bootstrap_servers = self.cluster.bootstrap_servers
+
+    def start(self) -> ApacheKafkaProcess:
+        if self.cluster.nodes[1].process is None:
+            self.cluster.start()
+        else:
+            self.cluster.restart(1)
+        return self
+
+    def kill(self) -> None:
+        self.cluster.kill(1)
+
+
 @pytest.fixture
-def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker in a child process, for tests that kill -9 and restart it."""
-    process = BrokerProcess(tmp_path / "broker")
+def broker_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess | ApacheKafkaProcess]:
+    """A broker in a child process, for tests that kill -9 and restart it; in a test marked `apache_kafka`, also a
+    fresh Apache Kafka node of each version."""
+    kind = getattr(request, "param", "embedded")
+    if kind == "embedded":
+        process = BrokerProcess(tmp_path / "broker")
+    else:
+        process = ApacheKafkaProcess(tmp_path / "apache-kafka", kind.removeprefix("kafka-"))
     process.start()
     try:
         yield process

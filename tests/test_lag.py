@@ -23,6 +23,8 @@ from support.crash import batch_end_offsets, committed_batches, planned_batches
 from support.ports import free_port
 from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
+pytestmark = pytest.mark.apache_kafka
+
 # --- independent views of the cluster and the checkpoint -------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sparkeos.jobs.audit import audit
@@ -109,6 +110,7 @@ def test_people_etl_the_demo_job(spark, tmp_path):
         assert report.dead_letter is not None and report.dead_letter.delivered == generated.corrupt == 5
 
 
+@pytest.mark.apache_kafka
 def test_people_json(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     spec = example("people-json.yaml", **{"source/kafka.bootstrap.servers": bootstrap,

@@ -214,6 +214,7 @@ def test_python_transform_and_string_format(spark, broker, tmp_path):
     assert sorted(read_values(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
 
 
+@pytest.mark.apache_kafka
 def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"))
@@ -328,6 +329,7 @@ def test_file_sink_job_writes_the_transformed_rows(spark, broker, tmp_path):
 # --- the sparkeos.files sink --------------------------------------------------------------------
 
 
+@pytest.mark.apache_kafka
 def test_a_job_writing_to_sparkeos_files_is_audited_by_reading_its_directory(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), 2)
