@@ -11,8 +11,10 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from sparkeos.verify import end_offsets
 
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
 
@@ -128,18 +130,9 @@ def produce_transaction(bootstrap: str, topic: str, values: Iterable[bytes | str
     else:
         producer.abort_transaction(30)
     if offsets:
-        wait_until_stable(bootstrap, TopicPartition(topic, partition), max(offsets) + 1)
-
-
-def wait_until_stable(bootstrap: str, partition: TopicPartition, offset: int, timeout_s: float = 30.0) -> None:
-    """Until the partition's last stable offset is past `offset`: every transaction below it has ended."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("lso"), "isolation.level": "read_committed"})
-    try:
-        wait_for(lambda: reader.get_watermark_offsets(partition, timeout=10, cached=False)[1] >= offset,
-                 timeout_s=timeout_s, what=f"the last stable offset of {partition.topic}-{partition.partition} "
-                                           f"to reach {offset}")
-    finally:
-        reader.close()
+        # end_offsets reads as read_committed: the last stable offset.
+        wait_for(lambda: end_offsets(bootstrap, topic).get(partition, 0) > max(offsets), timeout_s=30,
+                 what=f"the transaction's marker in {topic}-{partition}")
 
 
 def commit_sink_batch(writer, batch: int, query_id: str = "query") -> None:
