@@ -2,7 +2,8 @@
 
 A test (or module) marked `apache_kafka` runs once against the embedded broker and once against each Apache Kafka
 version of `SPARKEOS_TEST_KAFKA` (default: every version of support/apache_kafka.VERSIONS; `none` runs the embedded
-broker only), through the same `broker` fixture. Its test ids end in `[embedded]`, `[kafka-4.4.0]`, ...
+broker only), through the same `broker` (or `broker_process`) fixture. Its test ids end in `[embedded]`,
+`[kafka-4.4.0]`, ... A test of such a module marked `embedded_broker_only` runs on the embedded broker alone.
 """
 
 from __future__ import annotations
@@ -31,17 +32,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "apache_kafka: run against the embedded broker and each Apache Kafka version (tests/conftest.py)"
     )
+    config.addinivalue_line(
+        "markers", "embedded_broker_only(why): in a module marked apache_kafka, a test whose subject does not depend "
+        "on the broker (say why), run on the embedded broker only"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not metafunc.definition.get_closest_marker("apache_kafka"):
+        return
+    if metafunc.definition.get_closest_marker("embedded_broker_only"):
         return
     kinds = ["embedded", *(f"kafka-{version}" for version in apache_kafka_versions())]
     for fixture in ("broker", "broker_process"):
         if fixture in metafunc.fixturenames:
             metafunc.parametrize(fixture, kinds, indirect=True)
             return
-    raise pytest.UsageError(f"{metafunc.definition.nodeid} is marked apache_kafka but uses no broker fixture")
+    if any(mark.name == "apache_kafka" for mark in metafunc.definition.own_markers):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid} is marked apache_kafka but uses no broker fixture")
 
 
 class ApacheKafkaNodes:

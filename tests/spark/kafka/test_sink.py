@@ -289,6 +289,7 @@ def kafka_client_threads_of_python_workers() -> dict[int, int]:
     return result
 
 
+@pytest.mark.embedded_broker_only("the Python workers' clients")
 def test_python_workers_close_the_kafka_clients_of_a_finished_query(spark, broker, tmp_path):
     """Spark's Kafka connector closes cached clients idle for spark.kafka.*.cache.timeout; so do we."""
     bootstrap = broker.bootstrap_servers
@@ -510,6 +511,7 @@ def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path, failp
     assert_exactly_once(expected, read_values(bootstrap, sink + "-stream"))
 
 
+@pytest.mark.embedded_broker_only("no broker answers")
 def test_unreachable_broker_is_a_clear_error_after_a_bounded_wait(spark, broker, tmp_path):
     import time
 
@@ -593,6 +595,7 @@ def test_the_driver_reports_each_batch_on_stderr_unless_logging_is_configured():
 COMMITTED_REPORT = re.compile(r" INFO sparkeos\.sink: batch (\d+) committed \(exactly_once\): \d+ tasks, (\d+) records")
 
 
+@pytest.mark.embedded_broker_only("the driver's log lines")
 @pytest.mark.timeout(600)
 def test_the_driver_log_reports_each_committed_batch_and_an_aborted_one(broker, tmp_path):
     """A query in a driver of its own (tests/support/pipeline_job.py): what Spark copies into the driver's log."""
