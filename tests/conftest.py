@@ -4,6 +4,8 @@ A test (or module) marked `apache_kafka` runs once against the embedded broker a
 version of `SPARKEOS_TEST_KAFKA` (default: every version of support/apache_kafka.VERSIONS; `none` runs the embedded
 broker only), through the same `broker` (or `broker_process`) fixture. Its test ids end in `[embedded]`,
 `[kafka-4.4.0]`, ... A test of such a module marked `embedded_broker_only` runs on the embedded broker alone.
+`apache_kafka(newest_only=True)` keeps the default run within its time: such a test runs on the newest version
+only, unless `SPARKEOS_TEST_KAFKA` names the versions.
 """
 
 from __future__ import annotations
@@ -21,16 +23,10 @@ from support.apache_kafka import ApacheKafkaCluster
 from support.postgres import PostgresServer
 
 
-def apache_kafka_versions() -> list[str]:
-    chosen = os.environ.get("SPARKEOS_TEST_KAFKA")
-    if chosen is None:
-        return list(apache_kafka.VERSIONS)
-    return [version.strip() for version in chosen.split(",") if version.strip() and version.strip() != "none"]
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "apache_kafka: run against the embedded broker and each Apache Kafka version (tests/conftest.py)"
+        "markers", "apache_kafka(newest_only=False): run against the embedded broker and each Apache Kafka version "
+        "(tests/conftest.py)"
     )
     config.addinivalue_line(
         "markers", "embedded_broker_only(why): in a module marked apache_kafka, a test whose subject does not depend "
@@ -43,7 +39,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if metafunc.definition.get_closest_marker("embedded_broker_only"):
         return
-    kinds = ["embedded", *(f"kafka-{version}" for version in apache_kafka_versions())]
+    versions = apache_kafka.tested_versions()
+    if metafunc.definition.get_closest_marker("apache_kafka").kwargs.get("newest_only") and (
+            "SPARKEOS_TEST_KAFKA" not in os.environ):
+        versions = versions[:1]
+    kinds = ["embedded", *(f"kafka-{version}" for version in versions)]
     for fixture in ("broker", "broker_process"):
         if fixture in metafunc.fixturenames:
             metafunc.parametrize(fixture, kinds, indirect=True)

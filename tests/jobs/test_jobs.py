@@ -214,7 +214,7 @@ def test_python_transform_and_string_format(spark, broker, tmp_path):
     assert sorted(read_values(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
 
 
-@pytest.mark.apache_kafka
+@pytest.mark.apache_kafka(newest_only=True)
 def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"))

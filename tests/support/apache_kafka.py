@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +53,7 @@ appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = file
 logger.kafka-request.name = kafka.request.logger
-logger.kafka-request.level = WARN
+logger.kafka-request.level = {request_level}
 """
 _LOG4J1 = """\
 log4j.rootLogger=INFO, file
@@ -59,8 +61,16 @@ log4j.appender.file=org.apache.log4j.FileAppender
 log4j.appender.file.File={log}
 log4j.appender.file.layout=org.apache.log4j.PatternLayout
 log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka.request.logger=WARN
+log4j.logger.kafka.request.logger={request_level}
 """
+
+
+def tested_versions() -> list[str]:
+    """The versions the tests run on: `SPARKEOS_TEST_KAFKA` (comma-separated; `none` for none), else VERSIONS."""
+    chosen = os.environ.get("SPARKEOS_TEST_KAFKA")
+    if chosen is None:
+        return list(VERSIONS)
+    return [version.strip() for version in chosen.split(",") if version.strip() and version.strip() != "none"]
 
 
 class KafkaStartFailed(RuntimeError):
@@ -114,10 +124,12 @@ class ApacheKafkaCluster:
     """N combined broker+controller nodes of one Kafka version, started from a shared jar cache."""
 
     def __init__(self, root: Path, version: str = VERSIONS[0], nodes: int = 1, *,
-                 settings: Mapping[str, object] | None = None, features: Mapping[str, int] | None = None):
+                 settings: Mapping[str, object] | None = None, features: Mapping[str, int] | None = None,
+                 log_requests: bool = False):
         """`settings` are broker settings (server.properties keys) added to or replacing the defaults; `features`
         are feature levels given at format time (`kafka-storage format --feature`, 4.x), e.g.
-        {"transaction.version": 1} for the first transaction protocol."""
+        {"transaction.version": 1} for the first transaction protocol. `log_requests` logs every request a node
+        completes (Kafka's request logger at DEBUG), read back with `requests_seen`."""
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         if features and major(version) < 4:
@@ -126,6 +138,7 @@ class ApacheKafkaCluster:
         self.root = Path(root)
         self.settings = dict(settings or {})
         self.features = dict(features or {})
+        self.log_requests = log_requests
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self.nodes = {
             node_id: KafkaNode(node_id, free_port(), free_port(), self.root / f"node-{node_id}")
@@ -164,14 +177,18 @@ class ApacheKafkaCluster:
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(node.directory / "data"),
-            "default.replication.factor": replicas,
-            "min.insync.replicas": min_isr,
+            # Set by every real cluster, so their configs' source is the broker's static config; a single node
+            # keeps Kafka's defaults (1 and 1), as the embedded broker does.
+            **({"default.replication.factor": replicas, "min.insync.replicas": min_isr} if count > 1 else {}),
             "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": INTERNAL_TOPIC_PARTITIONS,
             "transaction.state.log.replication.factor": replicas,
             "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": INTERNAL_TOPIC_PARTITIONS,
             "group.initial.rebalance.delay.ms": 0,
+            # Kafka aborts a transaction past its timeout when this check runs (10 s by default): tests that wait
+            # for such an abort would wait up to 10 s more.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
             **self.settings,
         }
 
@@ -232,6 +249,23 @@ class ApacheKafkaCluster:
             raise KeyError(f"__transaction_state has no partitions yet on {self}: no producer initialised one")
         return partitions[_java_string_hash_abs(transactional_id) % len(partitions)].leader
 
+    def format_output(self, node_id: int = 1) -> str:
+        """What `kafka-storage format` printed for a node: the bootstrap metadata, with its feature levels."""
+        return (self.nodes[node_id].directory / "format.log").read_text()
+
+    def requests_seen(self, node_id: int = 1) -> Counter[tuple[str, int]]:
+        """(API name, version) of every request the node completed from a client, counted; needs `log_requests`."""
+        if not self.log_requests:
+            raise RuntimeError(f"{self} does not log requests: create it with log_requests=True")
+        seen: Counter[tuple[str, int]] = Counter()
+        for line in self.nodes[node_id].log.read_text(errors="replace").splitlines():
+            start = line.find("Completed request:")
+            if start >= 0:
+                header = json.loads(line[start + len("Completed request:"):].rsplit(" (kafka.request.logger)", 1)[0])
+                header = header["requestHeader"]
+                seen[(header["requestApiKeyName"], header["requestApiVersion"])] += 1
+        return seen
+
     def _admin(self):
         from confluent_kafka.admin import AdminClient
 
@@ -251,17 +285,19 @@ class ApacheKafkaCluster:
         for name, level in self.features.items():
             command += ["--feature", f"{name}={level}"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        (node.directory / "format.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise KafkaStartFailed(f"formatting node {node.node_id} of {self} failed:\n{done.stdout}\n{done.stderr}")
 
     def _launch(self, node: KafkaNode) -> None:
         properties = self._properties(node)
         logging_config = node.directory / "log4j.properties"
+        request_level = "DEBUG" if self.log_requests else "WARN"
         if major(self.version) >= 4:
-            logging_config.write_text(_LOG4J2.format(log=node.log))
+            logging_config.write_text(_LOG4J2.format(log=node.log, request_level=request_level))
             logging_flag = f"-Dlog4j2.configurationFile={logging_config}"
         else:
-            logging_config.write_text(_LOG4J1.format(log=node.log))
+            logging_config.write_text(_LOG4J1.format(log=node.log, request_level=request_level))
             logging_flag = f"-Dlog4j.configuration=file:{logging_config}"
         with open(node.directory / "stdout.log", "ab") as output:
             node.process = subprocess.Popen(

@@ -78,7 +78,7 @@ class KafkaTarget(DrillTarget):
         return {"read_committed consumer": read_values(self.bootstrap, self.topic)}
 
 
-@pytest.mark.apache_kafka
+@pytest.mark.apache_kafka(newest_only=True)
 @pytest.mark.timeout(DRILL_TIMEOUT_S)
 def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_path):
     bootstrap = broker_process.bootstrap_servers

@@ -19,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import assert_exactly_once, read_values
+from support.apache_kafka import VERSIONS, ApacheKafkaCluster
 from support.spark import (
     arm_failpoint,
     clear_failpoints,
@@ -105,6 +106,27 @@ def test_failure_inside_the_protocol_then_restart_is_exact(spark, broker, tmp_pa
     arm_failpoint(failpoint)
     run_until_failure_then_restart(spark, bootstrap, source, sink, str(tmp_path / "ck"), failpoint)
     assert_exactly_once(expected_output(1500), read_values(bootstrap, sink))
+
+
+@pytest.mark.parametrize("transaction_version", [1, 2], ids=lambda level: f"transaction.version={level}")
+def test_on_either_transaction_protocol_of_kafka_4_librdkafka_speaks_the_first_and_stays_exact(
+        spark, tmp_path, transaction_version):
+    """Kafka 4.x clusters are formatted with `transaction.version` 2 (KIP-890 part 2: the coordinator bumps the
+    producer epoch at every commit) unless told otherwise. A client takes part in it only by sending EndTxn v5 or
+    later; librdkafka sends v1 on both levels, so the sink runs the first protocol, with the brokers' server-side
+    checks of part 1 (AddPartitionsToTxn verification) on both. This test fails when that changes."""
+    with ApacheKafkaCluster(tmp_path / "kafka", VERSIONS[0], features={"transaction.version": transaction_version},
+                            log_requests=True) as cluster:
+        assert f"'transaction.version', featureLevel={transaction_version})" in cluster.format_output(1)
+        bootstrap = cluster.bootstrap_servers
+        source = create_topic(bootstrap, unique("in"), partitions=3)
+        sink = create_topic(bootstrap, unique("out"), partitions=2)
+        produce(bootstrap, source, [str(i) for i in range(900)])
+        arm_failpoint("sink.after_commit")
+        run_until_failure_then_restart(spark, bootstrap, source, sink, str(tmp_path / "ck"), "sink.after_commit")
+        assert_exactly_once(expected_output(900), read_values(bootstrap, sink))
+        end_txn = {version for (api, version) in cluster.requests_seen() if api == "END_TXN"}
+        assert end_txn and max(end_txn) < 5, f"EndTxn versions {sorted(end_txn)}: librdkafka speaks KIP-890 part 2"
 
 
 def test_query_started_at_latest_that_fails_on_its_first_records_restarts_exact(spark, broker, tmp_path):

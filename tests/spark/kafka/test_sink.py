@@ -17,6 +17,7 @@ import pytest
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import assert_exactly_once, count_records, read_records, read_values
+from support import apache_kafka
 from support.crash import Driver, command_line, descendants, pipeline_job_args
 from support.ports import free_port
 from support.spark import (
@@ -31,7 +32,8 @@ from support.spark import (
 )
 from support.wire import WireClient
 
-pytestmark = pytest.mark.apache_kafka
+# The newest Apache Kafka only, by default: the full matrix is `SPARKEOS_TEST_KAFKA=4.4.0,3.9.2`.
+pytestmark = pytest.mark.apache_kafka(newest_only=True)
 
 
 def stream_of(spark, bootstrap: str, topic: str, **options: str):
@@ -178,9 +180,15 @@ def test_bad_sink_options_fail_the_query_before_anything_is_written(spark, broke
     assert read_values(bootstrap, sink) == []
 
 
-def test_transaction_timeout_above_broker_maximum_fails_before_writing(spark, tmp_path):
+@pytest.mark.parametrize("kind", ["embedded", *apache_kafka.tested_versions()])
+def test_transaction_timeout_above_broker_maximum_fails_before_writing(spark, tmp_path, kind):
     """The seed's problem 1: transaction.timeout.ms larger than the broker's transaction.max.timeout.ms."""
-    with EmbeddedBroker(tmp_path / "broker", transaction_max_timeout_ms=30_000) as broker:
+    if kind == "embedded":
+        started = EmbeddedBroker(tmp_path / "broker", transaction_max_timeout_ms=30_000)
+    else:
+        started = apache_kafka.ApacheKafkaCluster(tmp_path / "kafka", kind,
+                                                  settings={"transaction.max.timeout.ms": 30_000})
+    with started as broker:
         bootstrap = broker.bootstrap_servers
         source = create_topic(bootstrap, unique("in"))
         sink = create_topic(bootstrap, unique("out"))

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ...client_cache import ClientCache
-from ..cluster import WARMUP_TIMEOUT_S, KafkaCluster, connection_config, learn_topic
+from ..cluster import RETRY_BACKOFF_S, WARMUP_TIMEOUT_S, KafkaCluster, connection_config, is_transient, learn_topic
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
 
 log = logging.getLogger("sparkeos.sink")
@@ -93,9 +93,7 @@ class MarkerReader:
         # committed, T's home partition moved and its newest offset sits on the old one.
         everywhere = [TopicPartition(self.marker.topic, p) for p in range(self.marker_partitions)]
         newest, owners = -1, set()
-        for committed in self.consumer.committed(everywhere, timeout=self.timeout_s):
-            if committed.error is not None:
-                raise KafkaException(committed.error)
+        for committed in self._committed(everywhere):
             if committed.offset >= 0:
                 owner = committed.metadata or None
                 owners.add(owner)
@@ -108,6 +106,24 @@ class MarkerReader:
                         "reused with a new checkpoint) and writes its own batches", self.transactional_id,
                         ", ".join(sorted(str(o) for o in owners)), query_id)
         return self._scan_marker_records(query_id) if scan_records else None
+
+    def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """T's marker group offsets, asked again while its coordinator moves or loads: Apache Kafka then answers
+        NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, which librdkafka hands to the caller."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                found = self.consumer.committed(partitions, timeout=max(deadline - time.monotonic(), 0.001))
+                failed = next((tp.error for tp in found if tp.error is not None), None)
+                if failed is not None:
+                    raise KafkaException(failed)
+                return found
+            except KafkaException as exc:
+                if not is_transient(exc) or time.monotonic() + RETRY_BACKOFF_S >= deadline:
+                    raise
+                log.info("reading the marker offsets of %s failed (%s); asking again", self.transactional_id,
+                         exc.args[0])
+                time.sleep(RETRY_BACKOFF_S)
 
     def _scan_marker_records(self, query_id: str | None) -> int | None:
         """The newest marker record of T and `query_id`, for when the group offset is gone, never existed, or is
