@@ -281,7 +281,8 @@ class ApacheKafkaCluster:
 
     def _format(self, node: KafkaNode) -> None:
         command = [self._java, HEAP, "-cp", self._classpath, "kafka.tools.StorageTool", "format",
-                   "-t", self.cluster_id, "-c", str(self._properties(node))]
+                   # One argument, as an id may start with "-" (base64 of random bytes).
+                   f"--cluster-id={self.cluster_id}", "-c", str(self._properties(node))]
         for name, level in self.features.items():
             command += ["--feature", f"{name}={level}"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
