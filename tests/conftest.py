@@ -35,13 +35,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not metafunc.definition.get_closest_marker("apache_kafka"):
-        return
-    if metafunc.definition.get_closest_marker("embedded_broker_only"):
+    marker = metafunc.definition.get_closest_marker("apache_kafka")
+    if marker is None or metafunc.definition.get_closest_marker("embedded_broker_only"):
         return
     versions = apache_kafka.tested_versions()
-    if metafunc.definition.get_closest_marker("apache_kafka").kwargs.get("newest_only") and (
-            "SPARKEOS_TEST_KAFKA" not in os.environ):
+    if marker.kwargs.get("newest_only") and "SPARKEOS_TEST_KAFKA" not in os.environ:
         versions = versions[:1]
     kinds = ["embedded", *(f"kafka-{version}" for version in versions)]
     for fixture in ("broker", "broker_process"):
@@ -58,11 +56,11 @@ class ApacheKafkaNodes:
 
     def __init__(self, root: Path):
         self.root = root
-        self.clusters: dict[str, apache_kafka.ApacheKafkaCluster] = {}
+        self.clusters: dict[str, ApacheKafkaCluster] = {}
 
-    def node(self, version: str) -> apache_kafka.ApacheKafkaCluster:
+    def node(self, version: str) -> ApacheKafkaCluster:
         if version not in self.clusters:
-            self.clusters[version] = apache_kafka.ApacheKafkaCluster(self.root / version, version).start()
+            self.clusters[version] = ApacheKafkaCluster(self.root / version, version).start()
         return self.clusters[version]
 
     def stop(self) -> None:

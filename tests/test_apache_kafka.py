@@ -3,15 +3,14 @@ Maven Central, single nodes of each version, a three-node cluster whose nodes ar
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Producer
 
+from sparkeos.verify import read_values
 from support import apache_kafka
+from support.crash import wait_until_stable
 from support.maven import MavenUnavailable, cached_jars
-from support.spark import wait_for
+from support.spark import create_topic, wait_for
 
 
 def test_transaction_coordinators_are_placed_as_kafka_places_them() -> None:
@@ -43,11 +42,6 @@ def test_jars_are_fetched_once_into_a_complete_entry(tmp_path, monkeypatch) -> N
     assert cached_jars("kafka-clients", ["org.apache.kafka:kafka-clients:3.9.1"], tmp_path) == jars
 
 
-def _create_numbers_topic(bootstrap: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer: its end fails the future
-    admin.create_topics([NewTopic("numbers", 3)])["numbers"].result(30)
-
-
 def _commit_numbers(bootstrap: str, topic: str, numbers: range, transactional_id: str) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
     producer.init_transactions(60)
@@ -57,38 +51,29 @@ def _commit_numbers(bootstrap: str, topic: str, numbers: range, transactional_id
     producer.commit_transaction(60)
 
 
-def _read_committed(bootstrap: str, topic: str, expected: int) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, partition, 0) for partition in range(3)])
-    seen: list[int] = []
-    try:
-        wait_for(lambda: seen.extend(int(message.value()) for message in consumer.consume(500, 1)
-                                     if message.error() is None) or len(seen) >= expected,
-                 timeout_s=60, what=f"{expected} committed records of {topic}")
-    finally:
-        consumer.close()
-    return seen
+def _read_committed(bootstrap: str, topic: str) -> list[int]:
+    wait_until_stable(bootstrap, topic)  # Kafka writes the commit markers after it answers EndTxn
+    return [int(value) for value in read_values(bootstrap, topic)]
 
 
 @pytest.mark.parametrize("version", apache_kafka.VERSIONS)
 def test_a_node_of_each_version_serves_transactions_across_a_kill_9(tmp_path, version) -> None:
     with apache_kafka.ApacheKafkaCluster(tmp_path, version) as cluster:
         assert f"Kafka version: {version}" in cluster.nodes[1].log.read_text()
-        _create_numbers_topic(cluster.bootstrap_servers)
+        create_topic(cluster.bootstrap_servers, "numbers", 3)
         _commit_numbers(cluster.bootstrap_servers, "numbers", range(0, 100), "writer")
         cluster.kill(1)
         assert not cluster.nodes[1].alive()
         cluster.restart(1)
         _commit_numbers(cluster.bootstrap_servers, "numbers", range(100, 200), "writer")
-        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers", 200)) == list(range(200))
+        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers")) == list(range(200))
 
 
 def test_a_three_node_cluster_elects_another_leader_and_takes_its_node_back(tmp_path) -> None:
     with apache_kafka.ApacheKafkaCluster(tmp_path, nodes=3) as cluster:
         settings = cluster.broker_settings(cluster.nodes[1])
         assert (settings["default.replication.factor"], settings["min.insync.replicas"]) == (3, 2)
-        _create_numbers_topic(cluster.bootstrap_servers)
+        create_topic(cluster.bootstrap_servers, "numbers", 3)
         _commit_numbers(cluster.bootstrap_servers, "numbers", range(0, 100), "writer")
         coordinator = cluster.transaction_coordinator("writer")
         leader = cluster.leader_of("numbers", 0)
@@ -102,4 +87,4 @@ def test_a_three_node_cluster_elects_another_leader_and_takes_its_node_back(tmp_
         if coordinator != leader:
             cluster.restart(coordinator)
         _commit_numbers(cluster.bootstrap_servers, "numbers", range(100, 200), "writer")
-        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers", 200)) == list(range(200))
+        assert sorted(_read_committed(cluster.bootstrap_servers, "numbers")) == list(range(200))

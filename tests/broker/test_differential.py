@@ -12,12 +12,11 @@ scenario says so.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -29,24 +28,16 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, end_offsets, read_records
 from support import apache_kafka
-from support.spark import wait_for
+from support.crash import wait_until_stable
+from support.spark import create_topic, wait_for
 
 Observation = dict[str, object]
 
 
 def _name(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:10]}"
-
-
-def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
-
-
-def _create(admin: AdminClient, topic: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-    admin.create_topics([NewTopic(topic, partitions, config=config or {})])[topic].result(30)
-    wait_for(lambda: topic in admin.list_topics(topic, timeout=10).topics
-             and not admin.list_topics(topic, timeout=10).topics[topic].error, timeout_s=30, what=f"{topic} to exist")
 
 
 def _error_name(call: Callable[[], object]) -> str:
@@ -64,44 +55,20 @@ def _one(futures: dict) -> object:
     return future.result(30)
 
 
-def _ends(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int]:
-    """(last stable offset, high watermark)."""
-    found = []
-    for isolation in ("read_committed", "read_uncommitted"):
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("ends"), "isolation.level": isolation})
-        try:
-            found.append(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[1])
-        finally:
-            consumer.close()
-    return found[0], found[1]
+def _ends(bootstrap: str, topic: str) -> tuple[int, int]:
+    """Partition 0's (last stable offset, high watermark)."""
+    return end_offsets(bootstrap, topic)[0], end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED)[0]
 
 
-def _read(bootstrap: str, topic: str, isolation: str, until: int, partition: int = 0) -> list[tuple[int, str]]:
-    """(offset, value) of every record a fresh consumer at `isolation` reads below offset `until`."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("read"), "isolation.level": isolation,
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, partition, 0)])
-    records: list[tuple[int, str]] = []
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= until:
-                    return records
-                continue
-            records.append((message.offset(), message.value().decode()))
-    finally:
-        consumer.close()
-    raise AssertionError(f"{topic} was not read up to {until} at {isolation} in 30 s: {records}")
+def _read(bootstrap: str, topic: str, isolation_level: str) -> list[tuple[int, str]]:
+    """(offset, value) of every record a fresh reader at `isolation_level` reads up to the partition's end."""
+    return [(record.offset, record.value.decode())
+            for record in read_records(bootstrap, topic, isolation_level=isolation_level)]
 
 
-def _wait_stable(bootstrap: str, topic: str) -> tuple[int, int]:
-    """Until no transaction is open on partition 0 (Kafka writes the markers after it answers EndTxn)."""
-    return wait_for(lambda: (ends := _ends(bootstrap, topic))[0] == ends[1] and ends, timeout_s=30,
-                    what=f"{topic} to have no open transaction")
+def _stable_end(bootstrap: str, topic: str) -> int:
+    """Partition 0's end once no transaction is open on it (Kafka writes the markers after it answers EndTxn)."""
+    return wait_until_stable(bootstrap, topic)[0]
 
 
 def _transactional(bootstrap: str, transactional_id: str | None = None, **config) -> Producer:
@@ -116,7 +83,7 @@ def _transactional(bootstrap: str, transactional_id: str | None = None, **config
 
 def transactions_with_aborts(bootstrap: str) -> Observation:
     topic = _name("aborts")
-    _create(_admin(bootstrap), topic)
+    create_topic(bootstrap, topic)
     producer = _transactional(bootstrap)
     for values, commit in ((["a0", "a1"], True), (["b0"], False), (["c0", "c1", "c2"], True)):
         producer.begin_transaction()
@@ -127,15 +94,14 @@ def transactions_with_aborts(bootstrap: str) -> Observation:
     plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     plain.produce(topic, b"p0", partition=0)
     plain.flush(30)
-    stable, high = _wait_stable(bootstrap, topic)
-    return {"ends": (stable, high),
-            "read_committed": _read(bootstrap, topic, "read_committed", high),
-            "read_uncommitted": _read(bootstrap, topic, "read_uncommitted", high)}
+    end = _stable_end(bootstrap, topic)
+    return {"ends": (end, end), "read_committed": _read(bootstrap, topic, READ_COMMITTED),
+            "read_uncommitted": _read(bootstrap, topic, READ_UNCOMMITTED)}
 
 
 def open_transaction_holds_the_last_stable_offset(bootstrap: str) -> Observation:
     topic = _name("open")
-    _create(_admin(bootstrap), topic)
+    create_topic(bootstrap, topic)
     plain = Producer({"bootstrap.servers": bootstrap})
     plain.produce(topic, b"before", partition=0)
     plain.flush(30)
@@ -147,16 +113,16 @@ def open_transaction_holds_the_last_stable_offset(bootstrap: str) -> Observation
     plain.produce(topic, b"after", partition=0)
     plain.flush(30)
     while_open = _ends(bootstrap, topic)
-    committed_while_open = _read(bootstrap, topic, "read_committed", while_open[0])
+    committed_while_open = _read(bootstrap, topic, READ_COMMITTED)
     producer.commit_transaction(30)
-    stable, high = _wait_stable(bootstrap, topic)
+    end = _stable_end(bootstrap, topic)
     return {"ends while open": while_open, "read_committed while open": committed_while_open,
-            "ends after": (stable, high), "read_committed after": _read(bootstrap, topic, "read_committed", high)}
+            "ends after": (end, end), "read_committed after": _read(bootstrap, topic, READ_COMMITTED)}
 
 
 def a_fenced_producer_cannot_commit(bootstrap: str) -> Observation:
     topic = _name("fence")
-    _create(_admin(bootstrap), topic)
+    create_topic(bootstrap, topic)
     transactional_id = _name("zombie")
     zombie = _transactional(bootstrap, transactional_id)
     zombie.begin_transaction()
@@ -172,15 +138,15 @@ def a_fenced_producer_cannot_commit(bootstrap: str) -> Observation:
     successor.begin_transaction()
     successor.produce(topic, b"successor", partition=0)
     successor.commit_transaction(30)
-    stable, high = _wait_stable(bootstrap, topic)
-    return {"zombie commit": zombie_commit, "ends": (stable, high),
-            "read_committed": [value for _, value in _read(bootstrap, topic, "read_committed", high)]}
+    end = _stable_end(bootstrap, topic)
+    return {"zombie commit": zombie_commit, "ends": (end, end),
+            "read_committed": [value for _, value in _read(bootstrap, topic, READ_COMMITTED)]}
 
 
 def transactional_group_offsets_wait_for_the_commit(bootstrap: str) -> Observation:
     """KIP-447: a read_committed consumer's OffsetFetch waits while a transaction holds offsets of its group."""
     topic, group = _name("offsets"), _name("group")
-    _create(_admin(bootstrap), topic)
+    create_topic(bootstrap, topic)
     plain = Producer({"bootstrap.servers": bootstrap})
     for value in (b"x0", b"x1", b"x2"):
         plain.produce(topic, value, partition=0)
@@ -212,7 +178,7 @@ def transactional_group_offsets_wait_for_the_commit(bootstrap: str) -> Observati
 
 def offsets_by_timestamp(bootstrap: str) -> Observation:
     topic = _name("times")
-    _create(_admin(bootstrap), topic)
+    create_topic(bootstrap, topic)
     producer = Producer({"bootstrap.servers": bootstrap})
     for value, stamp in ((b"t0", 1_000_000), (b"t1", 2_000_000), (b"t2", 2_000_000), (b"t3", 3_000_000)):
         producer.produce(topic, value, partition=0, timestamp=stamp)
@@ -223,7 +189,7 @@ def offsets_by_timestamp(bootstrap: str) -> Observation:
                  for stamp in (0, 1_000_000, 1_500_000, 2_000_000, 3_000_000, 4_000_000)}
     finally:
         consumer.close()
-    admin = _admin(bootstrap)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     partition = TopicPartition(topic, 0)
     specs = {"earliest": OffsetSpec.earliest(), "latest": OffsetSpec.latest(),
              "max_timestamp": OffsetSpec.max_timestamp()}
@@ -233,9 +199,8 @@ def offsets_by_timestamp(bootstrap: str) -> Observation:
 
 
 def admin_configs_and_errors(bootstrap: str) -> Observation:
-    admin = _admin(bootstrap)
-    topic = _name("configs")
-    _create(admin, topic, 2, {"cleanup.policy": "compact", "retention.ms": "3600000"})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = create_topic(bootstrap, _name("configs"), 2, {"cleanup.policy": "compact", "retention.ms": "3600000"})
     keys = ("cleanup.policy", "retention.ms", "max.message.bytes", "message.timestamp.type", "min.insync.replicas",
             "compression.type", "retention.bytes")
     resource = ConfigResource(ResourceType.TOPIC, topic)
@@ -264,7 +229,7 @@ def admin_configs_and_errors(bootstrap: str) -> Observation:
 
 def a_record_too_large_for_the_topic(bootstrap: str) -> Observation:
     topic = _name("large")
-    _create(_admin(bootstrap), topic, config={"max.message.bytes": "2000"})
+    create_topic(bootstrap, topic, config={"max.message.bytes": "2000"})
     reports: list[object] = []
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "message.max.bytes": 100_000,
                          "linger.ms": 0})
