@@ -1,13 +1,22 @@
-"""`sparkeos demo` end to end (small N): the seed's job on the embedded broker, with and without crashes, run as after
-the README's demo command: in a virtualenv of sparkeos's runtime dependencies only."""
+"""`sparkeos demo` end to end (small N): the seed's job on the embedded broker, with and without crashes, and on an
+existing cluster (`--bootstrap-servers`: the embedded broker and Apache Kafka), run as after the README's demo command:
+in a virtualenv of sparkeos's runtime dependencies only."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
+import time
 
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from support.ports import free_port
 from support.runtime_only import runtime_environment
+from support.spark import create_topic, unique
 
 EXPECTED_KEYS = {"expected", "delivered", "missing", "duplicated", "dead_lettered", "restarts"}
 
@@ -19,8 +28,18 @@ def run_demo(python, tmp_path, *args: str) -> tuple[dict, subprocess.CompletedPr
     return json.loads(last_line), result
 
 
-def test_demo_with_event_time_windows_is_exact(runtime_python, tmp_path):
-    report, result = run_demo(runtime_python, tmp_path, "--records", "3000", "--event-time")
+@pytest.mark.apache_kafka(newest_only=True)
+def test_demo_on_an_existing_cluster_with_event_time_windows_is_exact(runtime_python, broker, tmp_path):
+    """`--bootstrap-servers`: the demo's topics, group and schema registry topic are its run's own on the cluster,
+    and are deleted once the audit found the output exact."""
+    bootstrap = broker.bootstrap_servers
+    # A cluster in use: its first idempotent producer has been served. On a fresh Apache Kafka node the first one
+    # waits for the node to load its producer id state, and librdkafka warns about it on the terminal.
+    warm_up = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    warm_up.produce(create_topic(bootstrap, unique("warm-up"), 1), b"x")
+    assert warm_up.flush(60) == 0
+    report, result = run_demo(runtime_python, tmp_path, "--records", "3000", "--event-time",
+                              "--bootstrap-servers", bootstrap)
     assert result.returncode == 0, result.stderr[-3000:]
     assert EXPECTED_KEYS <= set(report)
     assert report["missing"] == report["duplicated"] == 0
@@ -30,6 +49,24 @@ def test_demo_with_event_time_windows_is_exact(runtime_python, tmp_path):
     noise = re.findall(r"^%\d\|.*|.*(?:DeprecationWarning|FutureWarning|Using Spark's default log4j profile"
                        r"|Using incubator modules).*", result.stdout + result.stderr, re.MULTILINE)
     assert not noise, f"librdkafka's, third-party warnings' or Spark's start-up lines on the terminal: {noise}"
+    prefix = report["prefix"]
+    assert re.fullmatch(r"sparkeos-demo-[0-9a-f]{8}", prefix), prefix
+    assert not (tmp_path / "demo" / "broker").exists(), "an embedded broker was started beside the cluster"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    left = [topic for topic in admin.list_topics(timeout=30).topics if topic.startswith(prefix)]
+    assert left == [], f"the demo left its topics on the cluster: {left}"
+    groups = admin.list_consumer_groups().result(30).valid
+    assert not [group.group_id for group in groups if group.group_id.startswith(prefix)]
+
+
+def test_demo_names_a_cluster_it_cannot_reach_and_exits_2(runtime_python, tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    report, result = run_demo(runtime_python, tmp_path, "--records", "10", "--bootstrap-servers", address)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"cannot reach Kafka at {address}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
 
 
 def test_demo_survives_driver_crashes(runtime_python, tmp_path):
@@ -44,3 +81,17 @@ def test_demo_survives_driver_crashes(runtime_python, tmp_path):
     assert report["missing"] == report["duplicated"] == 0
     assert report["delivered"] == report["expected"]
     assert report["dead_lettered"] == 5
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--bootstrap-servers", "kafka"], "expected HOST:PORT, got 'kafka'"),
+    (["--bootstrap-servers", "a:9092,,b:9092"], "expected HOST:PORT, got ''"),
+    (["--bootstrap-servers", "kafka:0"], "port in 'kafka:0' must be above 0"),
+    (["--keep-topics"], "--keep-topics applies to --bootstrap-servers only"),
+])
+def test_bad_cluster_arguments_are_refused_before_anything_starts(tmp_path, arguments, message):
+    result = subprocess.run([sys.executable, "-m", "sparkeos", "demo", "--data-dir", str(tmp_path / "demo"),
+                             *arguments], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "demo").exists()

@@ -25,6 +25,15 @@ def _host_port(value: str) -> tuple[str, int]:
     return host.strip("[]"), number
 
 
+def _bootstrap_servers(value: str) -> str:
+    """A Kafka bootstrap list: HOST:PORT entries separated by commas, each port above 0."""
+    entries = [entry.strip() for entry in value.split(",")]
+    for entry in entries:
+        if _host_port(entry)[1] == 0:
+            raise argparse.ArgumentTypeError(f"port in {entry!r} must be above 0")
+    return ",".join(entries)
+
+
 def _positive(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -147,6 +156,11 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--event-time", action="store_true",
                         help="20-second windows on event time with a watermark (default: processing time)")
     parser.add_argument("--partitions", type=_positive, default=2, help="partitions of the input topic (2)")
+    parser.add_argument("--bootstrap-servers", type=_bootstrap_servers, metavar="HOST:PORT[,...]",
+                        help="run on this existing Kafka cluster instead of the embedded broker, in topics and "
+                             "groups named sparkeos-demo-<run id>-*, deleted when the output is exact")
+    parser.add_argument("--keep-topics", action="store_true",
+                        help="with --bootstrap-servers: keep the run's topics and groups after an exact run")
     parser.add_argument("--json", action="store_true",
                         help="print the final report as one JSON object on the last line")
 
@@ -250,7 +264,11 @@ def run_demo(args: argparse.Namespace) -> int:
     setup_logging("WARNING")
     from .demo import run_demo as demo
 
-    return demo(args.records, args.data_dir, args.crash_every, args.event_time, args.json, args.partitions)
+    if args.keep_topics and not args.bootstrap_servers:
+        print("sparkeos demo: --keep-topics applies to --bootstrap-servers only", file=sys.stderr)
+        return 2
+    return demo(args.records, args.data_dir, args.crash_every, args.event_time, args.json, args.partitions,
+                bootstrap_servers=args.bootstrap_servers, keep_topics=args.keep_topics)
 
 
 def run_job(args: argparse.Namespace) -> int:

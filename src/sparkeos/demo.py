@@ -5,6 +5,10 @@ ID numbers -> 20-second tumbling windows -> ID numbers to an output topic, exact
 records go to a dead-letter topic in the same transactions. With --crash-every the Spark driver is
 killed with SIGKILL periodically and the job's restart strategy brings it back from its checkpoint.
 At the end `sparkeos audit` compares the output with the job run in batch mode over the input.
+
+With --bootstrap-servers the demo runs on an existing cluster instead of the embedded broker: its
+topics, consumer group and schema registry topic are named after the run, the registry runs in
+this process, and the topics and group are deleted once the audit found the output exact.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import struct
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import fastavro
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.live import Live
@@ -31,10 +36,7 @@ from .jobs.quiet import children_stderr_to, librdkafka_log_level, with_quiet_jvm
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
 
-INPUT_TOPIC = "people"
-OUTPUT_TOPIC = "identify-numbers"
-DEAD_LETTER_TOPIC = "people-dead-letter"
-GROUP = "people-etl"  # the job's consumer group, as in examples/people-etl.yaml
+REACH_TIMEOUT_S = 15  # how long the demo tries an existing cluster before it says it cannot reach it
 PEOPLE_SCHEMA = {
     "name": "Message",
     "namespace": "com.free4lab.databus.collector.model",
@@ -49,6 +51,37 @@ READER_SCHEMA = PEOPLE_SCHEMA  # the seed reads with the writer's schema; resolu
 STALL_S = 60  # caught up, yet the output stopped growing short of what is expected: audit what is there
 # librdkafka's warnings and errors only (sparkeos.jobs.quiet): its informational lines are no news for a demo.
 QUIET_CLIENT = {"log_level": librdkafka_log_level("WARNING")}
+
+
+@dataclass(frozen=True)
+class DemoTopics:
+    """The names the demo works in: on the embedded broker those of examples/people-etl.yaml; on an existing
+    cluster, the same names behind a prefix of the run's own, so runs never meet each other or other work."""
+
+    input: str = "people"
+    output: str = "identify-numbers"
+    dead_letter: str = "people-dead-letter"
+    group: str = "people-etl"
+    schemas: str = "_schemas"
+    prefix: str = ""
+
+    @classmethod
+    def for_run(cls, run_id: str | None = None) -> DemoTopics:
+        prefix = f"sparkeos-demo-{run_id or uuid.uuid4().hex[:8]}"
+        return cls(*(f"{prefix}-{name}" for name in ("people", "identify-numbers", "people-dead-letter", "people-etl",
+                                                     "schemas")), prefix=prefix)
+
+    @property
+    def topics(self) -> list[str]:
+        """What the demo creates (the registry creates its own topic)."""
+        return [self.input, self.output, self.dead_letter]
+
+
+DEFAULT_TOPICS = DemoTopics()
+
+
+class Unreachable(Exception):
+    """The cluster given with --bootstrap-servers did not answer."""
 
 
 @dataclass
@@ -86,11 +119,12 @@ def corrupt_records(schema_id: int) -> list[bytes]:
     ]
 
 
-def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, late_sentinel: bool) -> Generated:
+def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, late_sentinel: bool,
+                   topic: str = DEFAULT_TOPICS.input) -> Generated:
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     registry = SchemaRegistryClient({"url": registry_url})
-    schema_id = registry.register_schema(f"{INPUT_TOPIC}-value", Schema(json.dumps(PEOPLE_SCHEMA), "AVRO"))
+    schema_id = registry.register_schema(f"{topic}-value", Schema(json.dumps(PEOPLE_SCHEMA), "AVRO"))
     parsed = fastavro.parse_schema(PEOPLE_SCHEMA)
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
@@ -102,7 +136,7 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
     buffer = io.BytesIO()
     for i in range(count):
         if i in corrupt_at:
-            _produce(producer, corrupt.pop(), str(i).encode())
+            _produce(producer, topic, corrupt.pop(), str(i).encode())
             continue
         number = identify_number(rng)
         valid += number is not None and len(number) == 18
@@ -110,7 +144,7 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
         buffer.truncate()
         fastavro.schemaless_writer(buffer, parsed, {"id": i, "name": None if i % 10 == 0 else f"name-{i}",
                                                     "identifyNumber": number})
-        _produce(producer, confluent_frame(schema_id, buffer.getvalue()), str(i).encode())
+        _produce(producer, topic, confluent_frame(schema_id, buffer.getvalue()), str(i).encode())
     if late_sentinel:
         # Event time: a record a minute ahead moves the watermark past every real window. It must pass
         # the job's filter (Spark runs filters that ignore the event time before the watermark); its
@@ -118,63 +152,94 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
         buffer.seek(0)
         buffer.truncate()
         fastavro.schemaless_writer(buffer, parsed, {"id": -1, "name": "watermark", "identifyNumber": "9" * 18})
-        producer.produce(INPUT_TOPIC, confluent_frame(schema_id, buffer.getvalue()),
+        producer.produce(topic, confluent_frame(schema_id, buffer.getvalue()),
                          timestamp=int(time.time() * 1000) + 60_000)
     if producer.flush(60):
         raise RuntimeError("the demo input was not fully acknowledged")
     return Generated(count + late_sentinel, valid, corrupt_count)
 
 
-def _produce(producer: Producer, value: bytes, key: bytes) -> None:
+def _produce(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
     while True:
         try:
-            producer.produce(INPUT_TOPIC, value, key)
+            producer.produce(topic, value, key)
             return
         except BufferError:
             producer.poll(0.05)
 
 
-def create_topics(bootstrap: str, partitions: int) -> None:
+def check_reachable(bootstrap: str) -> None:
+    """Raise Unreachable, naming the address and what the client saw, unless a broker of `bootstrap` answers."""
+    # Silent: the client would log each refused connection, many times a second; the error below says it once.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": REACH_TIMEOUT_S * 1000,
+                         "log_level": 0})
+    try:
+        admin.list_topics(timeout=REACH_TIMEOUT_S)
+    except KafkaException as error:
+        raise Unreachable(f"cannot reach Kafka at {bootstrap} within {REACH_TIMEOUT_S} s: "
+                          f"{error.args[0].str()}") from None
+
+
+def create_topics(bootstrap: str, partitions: int, names: DemoTopics = DEFAULT_TOPICS) -> None:
+    """The input and output with `partitions` each, the dead-letter topic with one; the cluster's default
+    replication factor (KIP-464)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
-    topics = [NewTopic(INPUT_TOPIC, partitions), NewTopic(OUTPUT_TOPIC, partitions), NewTopic(DEAD_LETTER_TOPIC, 1)]
+    topics = [NewTopic(names.input, partitions), NewTopic(names.output, partitions), NewTopic(names.dead_letter, 1)]
     for future in admin.create_topics(topics).values():
         future.result(30)
 
 
-def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time: bool) -> dict:
+def delete_run(bootstrap: str, names: DemoTopics) -> None:
+    """Remove what a run on an existing cluster created: its topics, its registry's topic, the job's consumer group
+    and the groups of the sink's commit markers (named after its transactional ids, which carry the run's prefix).
+    The marker records themselves stay in the sink's shared marker topic, as every query's do."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
+    for future in admin.delete_topics([*names.topics, names.schemas], operation_timeout=30).values():
+        future.result(60)
+    listed = admin.list_consumer_groups(request_timeout=30).result(60)
+    groups = [group.group_id for group in listed.valid if group.group_id.startswith(f"{names.prefix}-")]
+    if groups:
+        for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
+            future.result(60)
+
+
+def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time: bool,
+                 names: DemoTopics = DEFAULT_TOPICS) -> dict:
     window = {"duration": "20 seconds", "time": "processing"}
     if event_time:
         window = {"duration": "20 seconds", "time": "event", "watermark": "5 seconds"}
     return {
         "name": "people-etl",
-        "source": {"kafka.bootstrap.servers": bootstrap, "subscribe": INPUT_TOPIC, "startingOffsets": "earliest",
-                   "kafka.group.id": GROUP, "maxOffsetsPerTrigger": 60_000},
+        "source": {"kafka.bootstrap.servers": bootstrap, "subscribe": names.input, "startingOffsets": "earliest",
+                   "kafka.group.id": names.group, "maxOffsetsPerTrigger": 60_000},
         "format": {"type": "avro", "schema": json.dumps(READER_SCHEMA), "registry": registry_url},
         "transforms": [{"sql": "SELECT * FROM input WHERE length(identifyNumber) = 18"}],
         "window": window,
         "output": {"value": "identifyNumber"},
-        "sink": {"topic": OUTPUT_TOPIC, "deliveryGuarantee": "exactly_once",
-                 "options": {"kafka.transaction.timeout.ms": 600_000}},
+        "sink": {"topic": names.output, "deliveryGuarantee": "exactly_once",
+                 "options": {"kafka.transaction.timeout.ms": 600_000,
+                             **({"transactionalIdPrefix": names.prefix} if names.prefix else {})}},
         "checkpoint": str(checkpoint),
         # The crash drill kills the driver at most every few seconds, and only after it committed a batch.
         "restart": {"strategy": "failure-rate", "max-failures-per-interval": 10, "failure-rate-interval": "1 minute",
                     "delay": "1 second"},
-        "bad_records": {"policy": "dead-letter", "topic": DEAD_LETTER_TOPIC},
+        "bad_records": {"policy": "dead-letter", "topic": names.dead_letter},
     }
 
 
 class Progress:
     """Lag of the job's source (from the offsets it commits to its group) and records delivered."""
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, names: DemoTopics):
         self.bootstrap = bootstrap
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False,
+        self.input = names.input
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": names.group, "enable.auto.commit": False,
                                   "isolation.level": "read_committed", **QUIET_CLIENT})
 
     def input_position(self) -> tuple[int, int]:
         """(records the job has finished, records in the input)."""
-        metadata = self.consumer.list_topics(INPUT_TOPIC, timeout=10).topics[INPUT_TOPIC]
-        partitions = [TopicPartition(INPUT_TOPIC, p) for p in metadata.partitions]
+        metadata = self.consumer.list_topics(self.input, timeout=10).topics[self.input]
+        partitions = [TopicPartition(self.input, p) for p in metadata.partitions]
         committed = self.consumer.committed(partitions, timeout=10)
         end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions)
         done = sum(max(tp.offset, 0) for tp in committed)
@@ -211,32 +276,67 @@ def status_table(state: dict) -> Table:
     return table
 
 
+class ExistingCluster:
+    """A cluster the demo did not start (--bootstrap-servers), with the demo's schema registry beside it, in this
+    process, keeping its schemas in the run's own topic."""
+
+    def __init__(self, bootstrap: str, schemas_topic: str):
+        from .registry import SchemaRegistryServer
+
+        self.bootstrap_servers = bootstrap
+        self.registry = SchemaRegistryServer(bootstrap, topic=schemas_topic)
+
+    @property
+    def schema_registry_url(self) -> str:
+        return self.registry.url
+
+    def start(self) -> ExistingCluster:
+        self.registry.start()
+        return self
+
+    def stop(self) -> None:
+        self.registry.stop()
+
+
 def run_demo(records: int, data_dir: Path | None, crash_every: float | None, event_time: bool, as_json: bool,
-             partitions: int = 2, seed: int = 42, timeout_s: float = 900) -> int:
+             partitions: int = 2, seed: int = 42, timeout_s: float = 900, bootstrap_servers: str | None = None,
+             keep_topics: bool = False) -> int:
+    """Exit status: 0 when the audit found the output exact, 1 when not, 2 when --bootstrap-servers is unreachable."""
     from .jobs.runner import Supervisor, read_json
 
     console = Console(stderr=as_json)
+    if bootstrap_servers:
+        try:
+            check_reachable(bootstrap_servers)
+        except Unreachable as error:
+            console.print(f"[red]{error}[/]", highlight=False, soft_wrap=True)
+            return 2
     workdir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sparkeos-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    stack = StackProcess(workdir / "broker", schema_registry=True).start()
+    names = DemoTopics.for_run() if bootstrap_servers else DEFAULT_TOPICS
+    stack: ExistingCluster | StackProcess = (ExistingCluster(bootstrap_servers, names.schemas) if bootstrap_servers
+                                             else StackProcess(workdir / "broker", schema_registry=True))
+    stack.start()
     supervisor = None
     started = time.monotonic()
     try:
         bootstrap = stack.bootstrap_servers
         registry_url = stack.schema_registry_url
-        create_topics(bootstrap, partitions)
-        generated = produce_people(bootstrap, registry_url, records, seed, late_sentinel=event_time)
-        console.print(f"broker {bootstrap}, schema registry {registry_url}, {generated.records} records produced "
+        create_topics(bootstrap, partitions, names)
+        generated = produce_people(bootstrap, registry_url, records, seed, late_sentinel=event_time,
+                                   topic=names.input)
+        where = f"topics {names.prefix}-*" if names.prefix else "broker"
+        console.print(f"{where} on {bootstrap}, schema registry {registry_url}, {generated.records} records produced "
                       f"({generated.valid} with 18-character ID numbers, {generated.corrupt} corrupt), "
-                      f"workdir {workdir}")
+                      f"workdir {workdir}", highlight=False)
         job_path = workdir / "job.yaml"
-        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry_url, workdir / "checkpoint", event_time),
-                                           sort_keys=False))
+        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry_url, workdir / "checkpoint", event_time,
+                                                        names), sort_keys=False))
         status_file = workdir / "status.json"
         supervisor = Supervisor(str(job_path), master="local[2]", status_file=status_file,
                                 log_file=workdir / "driver.log")
         supervisor.start_driver()
-        progress = Progress(bootstrap)
+        progress = Progress(bootstrap, names)
         next_crash = time.monotonic() + crash_every if crash_every else None
         batches_at_start = committed_batches(workdir / "checkpoint")
         state: dict = {}
@@ -268,8 +368,8 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                              batches=driver_progress.get("last_batch", ""),
                              elapsed=f"{time.monotonic() - started:.0f} s")
                 if done >= total:
-                    state["delivered"] = progress.count(OUTPUT_TOPIC)
-                    state["dead"] = progress.count(DEAD_LETTER_TOPIC)
+                    state["delivered"] = progress.count(names.output)
+                    state["dead"] = progress.count(names.dead_letter)
                 live.update(status_table(state))
                 if done >= total and state["delivered"] >= generated.valid and state["dead"] >= generated.corrupt:
                     break
@@ -284,7 +384,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
                     break
         progress.close()
         supervisor.stop()
-        report = audit_demo(job_path, bootstrap, workdir / "audit.log")
+        report = audit_demo(job_path, bootstrap, workdir / "audit.log", names)
         summary = {"expected": report.output.expected, "delivered": report.output.delivered,
                    "missing": report.output.missing, "duplicated": report.output.duplicated,
                    "unexpected": report.output.unexpected,
@@ -293,17 +393,26 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         exact = (report.exact and summary["expected"] == generated.valid
                  and summary["dead_lettered"] == generated.corrupt)
         summary["exact"] = exact
+        if names.prefix:
+            summary["prefix"] = names.prefix
         console.print(final_table(summary))
-        if as_json:
-            print(json.dumps(summary), flush=True)
-        return 0 if exact else 1
     finally:
         if supervisor is not None:
             supervisor.kill_driver()
         stack.stop()
+    if names.prefix:
+        if exact and not keep_topics:
+            delete_run(bootstrap, names)
+            console.print(f"deleted the run's topics and consumer groups ({names.prefix}-*)", highlight=False)
+        else:
+            console.print(f"kept the run's topics ({', '.join(names.topics)}, {names.schemas}) and consumer group "
+                          f"{names.group} for inspection", highlight=False)
+    if as_json:
+        print(json.dumps(summary), flush=True)
+    return 0 if exact else 1
 
 
-def audit_demo(job_path: Path, bootstrap: str, log: Path):
+def audit_demo(job_path: Path, bootstrap: str, log: Path, names: DemoTopics = DEFAULT_TOPICS):
     """The audit, in this process; its Spark JVM logs to `log`, not through the tables on the terminal."""
     import sparkeos.spark
 
@@ -314,7 +423,7 @@ def audit_demo(job_path: Path, bootstrap: str, log: Path):
     with children_stderr_to(log):
         spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config=config)
     try:
-        return audit(spark, load_job(job_path), bootstrap, INPUT_TOPIC, OUTPUT_TOPIC, DEAD_LETTER_TOPIC)
+        return audit(spark, load_job(job_path), bootstrap, names.input, names.output, names.dead_letter)
     finally:
         spark.stop()
 

@@ -88,7 +88,7 @@ def test_the_job_file_of_docs_jobs_md_validates():
 
 def test_people_etl_the_demo_job(spark, tmp_path):
     """The demo's own job (sparkeos.demo.job_document) is this example, addresses aside; run on the demo's input."""
-    from sparkeos.demo import DEAD_LETTER_TOPIC, INPUT_TOPIC, OUTPUT_TOPIC, job_document, produce_people
+    from sparkeos.demo import DEFAULT_TOPICS, job_document, produce_people
     from sparkeos.stack import LocalStack
 
     with LocalStack(tmp_path / "broker", schema_registry=True) as stack:
@@ -98,13 +98,14 @@ def test_people_etl_the_demo_job(spark, tmp_path):
         demo = parse_job(job_document(bootstrap, registry, tmp_path / "ck", event_time=False), "people-etl.yaml")
         assert json.loads(demo.format.schema) == json.loads(spec.format.schema)
         assert {**demo.__dict__, "format": None, "path": None} == {**spec.__dict__, "format": None, "path": None}
-        assert (INPUT_TOPIC, OUTPUT_TOPIC, DEAD_LETTER_TOPIC) == (spec.source["subscribe"], spec.sink.options["topic"],
-                                                                  spec.bad_records.topic)
-        for topic, partitions in ((INPUT_TOPIC, 2), (OUTPUT_TOPIC, 2), (DEAD_LETTER_TOPIC, 1)):
+        names = DEFAULT_TOPICS
+        assert (names.input, names.output, names.dead_letter, names.group) == (
+            spec.source["subscribe"], spec.sink.options["topic"], spec.bad_records.topic, spec.source["kafka.group.id"])
+        for topic, partitions in ((names.input, 2), (names.output, 2), (names.dead_letter, 1)):
             create_topic(bootstrap, topic, partitions)
         generated = produce_people(bootstrap, registry, 400, seed=3, late_sentinel=False)
         run_available_now(spark, spec)
-        report = audit(spark, spec, bootstrap, INPUT_TOPIC, OUTPUT_TOPIC)
+        report = audit(spark, spec, bootstrap, names.input, names.output)
         assert report.exact, report.summary()
         assert report.output.delivered == generated.valid
         assert report.dead_letter is not None and report.dead_letter.delivered == generated.corrupt == 5

@@ -119,11 +119,12 @@ class KafkaSchemaLog:
 
     def _ensure_topic(self) -> None:
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, **QUIET})
-        # Compacted, never deleted by age or size: the topic *is* the registry.
+        # Compacted, never deleted by age or size: the topic *is* the registry. Replicated as the cluster's
+        # default says (KIP-464): one replica would refuse acks=all writes under min.insync.replicas of 2.
         topic = NewTopic(
             self.topic,
             num_partitions=1,
-            replication_factor=1,
+            replication_factor=-1,
             config={"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
         )
         future = admin.create_topics([topic], operation_timeout=self.timeout, request_timeout=self.timeout)[self.topic]
