@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets
 from support.spark import unique, wait_for
@@ -301,6 +301,20 @@ def run_until_caught_up(driver: Driver, run: int, checkpoint, bootstrap: str, so
 # --- input --------------------------------------------------------------------------------------
 
 
+FEEDER_DELIVERY_TIMEOUT_S = 120  # outlasts a broker outage: Apache Kafka takes about 10 s to restart
+
+
+def retrying(call, timeout_s: float = FEEDER_DELIVERY_TIMEOUT_S):
+    """Call a transactional producer method again while it fails with a retriable error (the broker is away)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as failed:
+            if not failed.args[0].retriable() or time.monotonic() > deadline:
+                raise
+
+
 class InputFeeder(threading.Thread):
     """Appends numbered records to a topic until stopped: plain idempotent batches, committed transactions
     and aborted transactions. Every number is used once; `committed` holds the ones that became visible."""
@@ -328,30 +342,42 @@ class InputFeeder(threading.Thread):
         transactional = Producer(
             {"bootstrap.servers": self.bootstrap, "transactional.id": unique("feeder"), "linger.ms": 5}
         )
-        transactional.init_transactions(30)
+        retrying(lambda: transactional.init_transactions(30))
         while not self.stop_requested.is_set():
             kind = self.random.choices(["plain", "commit", "abort"], weights=[5, 3, 2])[0]
             numbers = self._numbers(self.random.randint(*self.chunk), visible_if_leaked=kind == "abort")
             if kind == "plain":
                 for number in numbers:
                     plain.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
-                assert plain.flush(30) == 0, "plain records were not acknowledged"
+                # Idempotent: records still queued after an outage are delivered once the broker is back.
+                wait_for(lambda: plain.flush(5) == 0, timeout_s=FEEDER_DELIVERY_TIMEOUT_S,
+                         what="the feeder's plain records to be acknowledged")
                 self.committed.extend(numbers)
             else:
                 transactional.begin_transaction()
                 for number in numbers:
                     transactional.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
-                if kind == "commit":
-                    transactional.commit_transaction(30)
+                if kind == "commit" and self._commit(transactional):
                     self.committed.extend(numbers)
                 else:
-                    transactional.flush(30)
-                    transactional.abort_transaction(30)
+                    retrying(lambda: transactional.abort_transaction(30))
+                    kind = "abort"
                     self.aborted.extend(numbers)
             self.transactions[kind] += 1
             time.sleep(self.random.uniform(0, 2 * self.pause_s))
         plain.flush(30)
         transactional.flush(30)
+
+    @staticmethod
+    def _commit(transactional: Producer) -> bool:
+        """Commit; False when the transaction must be aborted instead (an outage failed one of its records)."""
+        try:
+            retrying(lambda: transactional.commit_transaction(30))
+            return True
+        except KafkaException as failed:
+            if failed.args[0].txn_requires_abort():
+                return False
+            raise
 
     def _numbers(self, count: int, visible_if_leaked: bool) -> list[int]:
         numbers = []

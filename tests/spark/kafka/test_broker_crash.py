@@ -79,6 +79,7 @@ def wait_for_kill_moment(driver: Driver, checkpoint, cycle: int, rng: random.Ran
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.apache_kafka(newest_only=True)
 def test_broker_killed_at_random_moments_query_rides_through_and_output_stays_exact(broker_process, tmp_path):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
