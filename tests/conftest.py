@@ -2,7 +2,8 @@
 
 A test (or module) marked `apache_kafka` runs once against the embedded broker and once against each Apache Kafka
 version of `SPARKEOS_TEST_KAFKA` (default: every version of support/apache_kafka.VERSIONS; `none` runs the embedded
-broker only), through the same `broker` (or `broker_process`) fixture. Its test ids end in `[embedded]`,
+broker only), through the same `broker` (or `broker_process`) fixture; a test that starts its broker itself takes
+`broker_kind`, the name of the kind to start. Its test ids end in `[embedded]`,
 `[kafka-4.4.0]`, ... A test of such a module marked `embedded_broker_only` runs on the embedded broker alone.
 `apache_kafka(newest_only=True)` keeps the default run within its time: such a test runs on the newest version
 only, unless `SPARKEOS_TEST_KAFKA` names the versions.
@@ -42,7 +43,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker.kwargs.get("newest_only") and "SPARKEOS_TEST_KAFKA" not in os.environ:
         versions = versions[:1]
     kinds = ["embedded", *(f"kafka-{version}" for version in versions)]
-    for fixture in ("broker", "broker_process"):
+    for fixture in ("broker", "broker_process", "broker_kind"):
         if fixture in metafunc.fixturenames:
             metafunc.parametrize(fixture, kinds, indirect=True)
             return
@@ -121,6 +122,13 @@ def broker_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[B
         yield process
     finally:
         process.kill()
+
+
+@pytest.fixture
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """For a test that starts its broker itself: `embedded`, or in a test marked `apache_kafka` also
+    `kafka-<version>`."""
+    return getattr(request, "param", "embedded")
 
 
 @pytest.fixture

@@ -125,13 +125,17 @@ class ApacheKafkaCluster:
 
     def __init__(self, root: Path, version: str = VERSIONS[0], nodes: int = 1, *,
                  settings: Mapping[str, object] | None = None, features: Mapping[str, int] | None = None,
-                 log_requests: bool = False):
+                 log_requests: bool = False, advertised_port: int | None = None):
         """`settings` are broker settings (server.properties keys) added to or replacing the defaults; `features`
         are feature levels given at format time (`kafka-storage format --feature`, 4.x), e.g.
         {"transaction.version": 1} for the first transaction protocol. `log_requests` logs every request a node
-        completes (Kafka's request logger at DEBUG), read back with `requests_seen`."""
+        completes (Kafka's request logger at DEBUG), read back with `requests_seen`. `advertised_port` (one node
+        only) is the port clients are told to connect to, a proxy's in front of the node; the node's traffic to
+        itself (transaction verification, KIP-890) then takes a listener of its own, not the proxy."""
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
+        if advertised_port is not None and nodes != 1:
+            raise ValueError("advertised_port applies to a one-node cluster")
         if features and major(version) < 4:
             raise ValueError(f"Apache Kafka {version} takes no --feature at format time")
         self.version = version
@@ -139,6 +143,8 @@ class ApacheKafkaCluster:
         self.settings = dict(settings or {})
         self.features = dict(features or {})
         self.log_requests = log_requests
+        self.advertised_port = advertised_port
+        self.internal_port = free_port() if advertised_port is not None else None
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self.nodes = {
             node_id: KafkaNode(node_id, free_port(), free_port(), self.root / f"node-{node_id}")
@@ -167,6 +173,16 @@ class ApacheKafkaCluster:
         count = len(self.nodes)
         replicas, min_isr = min(3, count), min(2, count)
         voters = ",".join(f"{other.node_id}@127.0.0.1:{other.controller_port}" for other in self.nodes.values())
+        listeners = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}"}
+        if self.advertised_port is not None:
+            listeners = {
+                "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port},"
+                             f"INTERNAL://127.0.0.1:{self.internal_port}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port},"
+                                        f"INTERNAL://127.0.0.1:{self.internal_port}",
+                "inter.broker.listener.name": "INTERNAL",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT",
+            }
         return {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
@@ -176,6 +192,7 @@ class ApacheKafkaCluster:
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            **listeners,
             "log.dirs": str(node.directory / "data"),
             # Set by every real cluster, so their configs' source is the broker's static config; a single node
             # keeps Kafka's defaults (1 and 1), as the embedded broker does.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkeos.broker.embedded import EmbeddedBroker
+from support.apache_kafka import ApacheKafkaCluster
 from support.crash import STARTUP_TIMEOUT_S, Driver, InputFeeder, caught_up, job_output, wait_until_stable
 from support.spark import create_topic, unique, wait_for
 from support.tcp_proxy import TcpProxy
@@ -24,12 +25,23 @@ ADD_PARTITIONS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 26, 28
 
 
 @contextmanager
-def proxied_broker(directory: Path, **broker_options) -> Iterator[tuple[TcpProxy, EmbeddedBroker]]:
-    """A broker whose only advertised address is the proxy's: clients reach it through the proxy alone."""
-    with TcpProxy(seed=random.randrange(1 << 30)) as proxy, EmbeddedBroker(
-            directory, advertised_host="127.0.0.1", advertised_port=proxy.port, **broker_options) as broker:
-        proxy.target = ("127.0.0.1", broker.config.port)
-        yield proxy, broker
+def proxied_broker(directory: Path, kind: str = "embedded",
+                   **broker_options) -> Iterator[tuple[TcpProxy, EmbeddedBroker | ApacheKafkaCluster]]:
+    """A broker whose only advertised address is the proxy's: clients reach it through the proxy alone. `kind` is
+    `embedded` (with `broker_options`) or `kafka-<version>`, a one-node Apache Kafka."""
+    with TcpProxy(seed=random.randrange(1 << 30)) as proxy:
+        if kind == "embedded":
+            with EmbeddedBroker(directory, advertised_host="127.0.0.1", advertised_port=proxy.port,
+                                **broker_options) as broker:
+                proxy.target = ("127.0.0.1", broker.config.port)
+                yield proxy, broker
+            return
+        if broker_options:
+            raise ValueError(f"options of the embedded broker given for {kind}: {sorted(broker_options)}")
+        cluster = ApacheKafkaCluster(directory, kind.removeprefix("kafka-"), advertised_port=proxy.port)
+        proxy.target = ("127.0.0.1", cluster.nodes[1].port)
+        with cluster:
+            yield proxy, cluster
 
 
 def feed_input(bootstrap: str, topic: str, seed: int, records: int) -> InputFeeder:
@@ -213,9 +225,10 @@ class FaultyPipeline:
 
 
 @contextmanager
-def faulty_pipeline(directory: Path, records: int) -> Iterator[FaultyPipeline]:
+def faulty_pipeline(directory: Path, records: int, broker: str = "embedded") -> Iterator[FaultyPipeline]:
+    """`broker`: a kind of proxied_broker."""
     seed = random.randrange(1 << 30)
-    with proxied_broker(directory / "broker") as (proxy, _broker):
+    with proxied_broker(directory / "broker", broker) as (proxy, _broker):
         pipeline = FaultyPipeline(directory, proxy, seed, records)
         try:
             yield pipeline

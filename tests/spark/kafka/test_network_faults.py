@@ -18,9 +18,10 @@ from support.network_faults import SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, faulty
 from support.spark import create_topic, unique
 
 
+@pytest.mark.apache_kafka(newest_only=True)
 @pytest.mark.timeout(600)
-def test_query_under_network_faults_output_stays_exact(tmp_path):
-    with faulty_pipeline(tmp_path, records=5_000) as pipeline:
+def test_query_under_network_faults_output_stays_exact(broker_kind, tmp_path):
+    with faulty_pipeline(tmp_path, records=5_000, broker=broker_kind) as pipeline:
         sink = create_topic(pipeline.bootstrap, unique("out"), partitions=2)
         injected = pipeline.run(pipeline.job_args("--sink", sink), SINK_FAULTS + SOURCE_AND_DRIVER_FAULTS)
         pipeline.close()
