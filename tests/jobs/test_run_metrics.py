@@ -53,6 +53,7 @@ def people(first: int, count: int) -> list[str]:
     return [json.dumps({"id": i, "name": f"n{i}"}) for i in range(first, first + count)]
 
 
+@pytest.mark.apache_kafka(newest_only=True)
 @pytest.mark.timeout(400)
 def test_a_running_job_serves_metrics_that_match_what_readers_count(broker, tmp_path):
     bootstrap = broker.bootstrap_servers
