@@ -26,7 +26,7 @@ from pathlib import Path
 
 import fastavro
 import yaml
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.live import Live
@@ -189,18 +189,30 @@ def create_topics(bootstrap: str, partitions: int, names: DemoTopics = DEFAULT_T
         future.result(30)
 
 
-def delete_run(bootstrap: str, names: DemoTopics) -> None:
+def delete_run(bootstrap: str, names: DemoTopics) -> list[str]:
     """Remove what a run on an existing cluster created: its topics, its registry's topic, the job's consumer group
     and the groups of the sink's commit markers (named after its transactional ids, which carry the run's prefix).
-    The marker records themselves stay in the sink's shared marker topic, as every query's do."""
+    The marker records themselves stay in the sink's shared marker topic, as every query's do. Returns what could
+    not be deleted, with the broker's reason; what is gone already counts as deleted."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
-    for future in admin.delete_topics([*names.topics, names.schemas], operation_timeout=30).values():
-        future.result(60)
+    left = []
+    for topic, future in admin.delete_topics([*names.topics, names.schemas], operation_timeout=30).items():
+        left += _failed(f"topic {topic}", future, KafkaError.UNKNOWN_TOPIC_OR_PART)
     listed = admin.list_consumer_groups(request_timeout=30).result(60)
     groups = [group.group_id for group in listed.valid if group.group_id.startswith(f"{names.prefix}-")]
     if groups:
-        for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
-            future.result(60)
+        for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
+            left += _failed(f"group {group}", future, KafkaError.GROUP_ID_NOT_FOUND)
+    return left
+
+
+def _failed(what: str, future, gone: int) -> list[str]:
+    try:
+        future.result(60)
+    except KafkaException as error:
+        if error.args[0].code() != gone:
+            return [f"{what} ({error.args[0].str()})"]
+    return []
 
 
 def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time: bool,
@@ -402,8 +414,11 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         stack.stop()
     if names.prefix:
         if exact and not keep_topics:
-            delete_run(bootstrap, names)
-            console.print(f"deleted the run's topics and consumer groups ({names.prefix}-*)", highlight=False)
+            left = delete_run(bootstrap, names)
+            if left:
+                console.print(f"[yellow]could not delete {', '.join(left)}[/]", highlight=False, soft_wrap=True)
+            else:
+                console.print(f"deleted the run's topics and consumer groups ({names.prefix}-*)", highlight=False)
         else:
             console.print(f"kept the run's topics ({', '.join(names.topics)}, {names.schemas}) and consumer group "
                           f"{names.group} for inspection", highlight=False)
