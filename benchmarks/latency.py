@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Produce-to-visible latency benchmark: Kafka -> pass-through -> Kafka, exactly once, several ways, one broker.
 
-One sparkeos broker runs in a child process. For every variant and every rate in --rates, a fresh input topic and
+One broker runs in a child process: the sparkeos broker, or with --broker kafka-<version> a one-node Apache Kafka
+(benchmarks/kafka_setup.py). For every variant and every rate in --rates, a fresh input topic and
 a fresh output topic (--partitions each, the same for every variant) are created, the variant's pipeline is
 started on them, and then:
 
@@ -42,6 +43,9 @@ The variants, all local[2] or parallelism 2, each reading with read_committed an
       micro-batch query could have, with what Spark and the source cost before the first row is written.
       Latency = arrival - sent; there is no outside reader, and "arrived" means every record arrived once.
   (i) (h) with a 0 s trigger
+  (j) Spark's own connector at a 250 ms trigger: readStream.format("kafka") (kafka.isolation.level=read_committed)
+      -> writeStream.format("kafka"), at least once: what a Spark user has today (spark-sql-kafka-0-10 from Maven
+      Central, see tests/support/spark_kafka.py)
 
 Spark's session is started once and shared by the Spark variants, after one untimed rehearsal of (a) (see
 rehearse_spark); for them the run also prints Spark's own per-batch figures (query.recentProgress durationMs,
@@ -110,8 +114,11 @@ VARIANTS = {
     "g": "(g) sparkeos exactly_once, 0 s, low_latency",
     "h": "(h) arrival at a sink, 250 ms, low_latency",
     "i": "(i) arrival at a sink, 0 s, low_latency",
+    "j": "(j) spark kafka at-least-once, 250 ms",
 }
-# guarantee, trigger, whether the low-latency switch (sparkeos.spark.low_latency) is on
+# guarantee (SPARK_CONNECTOR: Spark's own connector), trigger, whether the low-latency switch
+# (sparkeos.spark.low_latency) is on
+SPARK_CONNECTOR = "spark"
 SPARK_VARIANTS = {
     "a": ("exactly_once", "250 milliseconds", False),
     "b": ("exactly_once", "1 second", False),
@@ -120,6 +127,7 @@ SPARK_VARIANTS = {
     "g": ("exactly_once", "0 seconds", True),
     "h": ("none", "250 milliseconds", True),
     "i": ("none", "0 seconds", True),
+    "j": (SPARK_CONNECTOR, "250 milliseconds", False),
 }
 # The variants whose sink only notes when records reach it (arrival_sink).
 ARRIVAL_VARIANTS = {"h", "i"}
@@ -512,12 +520,15 @@ class Child:
 # The Spark variants, in the driver
 
 
-def spark_session_for_benchmark():
+def spark_session_for_benchmark(jars: list[str]):
     # pipeline.py's session; imported here, as it needs confluent_kafka, which the Flink environment lacks.
     from pipeline import spark_session_for_benchmark as pipeline_session
 
     # A 250 ms trigger runs more batches in a run than the default 100 progress reports kept.
-    return pipeline_session("sparkeos-latency-benchmark", {"spark.sql.streaming.numRecentProgressUpdates": "5000"})
+    more = {"spark.sql.streaming.numRecentProgressUpdates": "5000"}
+    if jars:
+        more["spark.jars"] = ",".join(jars)
+    return pipeline_session("sparkeos-latency-benchmark", more)
 
 
 ARRIVAL_SINK = "latency-arrival"
@@ -663,15 +674,20 @@ class SparkPipeline:
             for key, value in SETTINGS.items():
                 self.saved_settings[key] = self.spark.conf.get(key, None)
                 self.spark.conf.set(key, value)
-        frame = (
-            self.spark.readStream.format("sparkeos.kafka")
+        spark_connector = self.guarantee == SPARK_CONNECTOR
+        reader = (
+            self.spark.readStream.format("kafka" if spark_connector else "sparkeos.kafka")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", source)
             .option("startingOffsets", "earliest")
-            .load()
-            .select("key", "value", "timestamp")  # the sink measures its own view of the latency from it
         )
-        if self.arrival:
+        if spark_connector:
+            reader = reader.option("kafka.isolation.level", "read_committed")  # sparkeos.kafka's default
+        frame = reader.load().select("key", "value", "timestamp")  # the sink measures its own latency from it
+        if spark_connector:
+            writer = (frame.select("key", "value").writeStream.format("kafka")
+                      .option("kafka.bootstrap.servers", bootstrap).option("topic", sink))
+        elif self.arrival:
             self.arrivals = workdir / f"arrivals-{sink}"
             self.arrivals.mkdir()
             writer = frame.writeStream.format(ARRIVAL_SINK).option("path", str(self.arrivals))
@@ -1030,6 +1046,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long to wait after the last send for every record to be visible")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="for a query or Flink job to start")
     parser.add_argument("--flink-python", type=Path, default=DEFAULT_FLINK_PYTHON, help="interpreter for (d)/(e)")
+    parser.add_argument("--broker", default="embedded",
+                        help="embedded (the sparkeos broker), or kafka-<version>: a one-node Apache Kafka of a "
+                             "version the tests run (benchmarks/kafka_setup.py)")
     parser.add_argument("--no-spark-warmup", action="store_true", help="skip the rehearsal of (a)")
     parser.add_argument("--keep-workdir", action="store_true",
                         help="keep the broker's data and every child's log (stderr) after the run")
@@ -1048,6 +1067,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.rates or min(args.rates) <= 0 or min(args.seconds, args.warmup, args.partitions) <= 0:
         parser.error("--rates, --seconds, --warmup and --partitions must be positive")
 
+    from kafka_setup import BROKERS
+
+    if args.broker not in BROKERS:
+        parser.error(f"--broker takes one of {', '.join(BROKERS)}")
     if args.keep_workdir:
         workdir = Path(tempfile.mkdtemp(prefix="sparkeos-latency-"))
         print(f"work directory (kept): {workdir}", flush=True)
@@ -1057,22 +1080,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_in(args: argparse.Namespace, variants: list[str], workdir: Path) -> int:
-    from sparkeos.broker.embedded import BrokerProcess
+    from kafka_setup import broker
 
-    (workdir / "broker").mkdir()
-    with BrokerProcess(workdir / "broker") as broker:
+    with broker(args.broker, workdir / "broker") as (bootstrap, described):
         try:
-            return run_all(args, variants, broker.bootstrap_servers, workdir)
+            return run_all(args, variants, bootstrap, described, workdir)
         finally:
             _admins.clear()  # before the broker stops, or its client logs the closed connection
 
 
-def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workdir: Path) -> int:
+def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, described: str, workdir: Path) -> int:
     import confluent_kafka
 
     print(
         f"rates: {', '.join(f'{r:,}' for r in args.rates)} msgs/s of {VALUE_SIZE} B, {args.warmup:g} s warm-up + "
-        f"{args.seconds:g} s steady per run, {args.partitions} partitions; broker: sparkeos in a child process; "
+        f"{args.seconds:g} s steady per run, {args.partitions} partitions; broker: {described}; "
         f"confluent-kafka {confluent_kafka.version()}, librdkafka {confluent_kafka.libversion()[0]}; "
         f"{os.cpu_count()} CPUs"
     )
@@ -1081,6 +1103,7 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
     meta: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rates": args.rates,
+        "broker": described,
         "seconds": args.seconds,
         "warmup": args.warmup,
         "partitions": args.partitions,
@@ -1111,8 +1134,14 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
             # Before the session starts, so that Spark's Python workers write the sinks' metrics events there.
             os.environ["SPARKEOS_METRICS_DIR"] = str(workdir / "metrics")
             (workdir / "metrics").mkdir(exist_ok=True)
+            jars = []
+            if any(SPARK_VARIANTS[v][0] == SPARK_CONNECTOR for v in variants if v in SPARK_VARIANTS):
+                from kafka_setup import SPARK_KAFKA_VERSION, spark_kafka_jars
+
+                jars = spark_kafka_jars()
+                meta["spark_sql_kafka"] = SPARK_KAFKA_VERSION
             t0 = time.monotonic()
-            spark = spark_session_for_benchmark()
+            spark = spark_session_for_benchmark(jars)
             spark.sparkContext.setLogLevel("ERROR")
             session_s = time.monotonic() - t0
             meta["pyspark"] = spark.version

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""End-to-end pipeline benchmark: Kafka -> filter + map -> Kafka, exactly once, four ways, one broker.
+"""End-to-end pipeline benchmark: Kafka -> filter + map -> Kafka, six ways, one broker.
 
-One sparkeos broker runs in a child process (so it never shares a GIL with the pipeline measured),
-and one input topic of --records 100-byte records is produced once. Each variant then reads it all,
+One broker runs in a child process (so it never shares a GIL with the pipeline measured): the sparkeos
+broker, or with --broker kafka-<version> a one-node Apache Kafka (benchmarks/kafka_setup.py). One input
+topic of --records 100-byte records is produced once. Each variant then reads it all,
 keeps the records whose first byte is even, upper-cases them and appends b"!", and writes them to a
 fresh output topic of its own:
 
@@ -13,6 +14,13 @@ fresh output topic of its own:
              Spark's FileSystem-based checkpoint file manager (CHECKPOINT_FILE_MANAGER says why)
   (c) spark  the same with deliveryGuarantee=at_least_once
   (d) quix   Quix Streams, processing_guarantee="exactly-once"
+  (e) spark  Spark's own connector: readStream.format("kafka") -> writeStream.format("kafka"), at least once,
+             what a Spark user has today (spark-sql-kafka-0-10 from Maven Central, see
+             tests/support/spark_kafka.py); otherwise as (b)
+  (f) spark  Spark's source (format("kafka")) into the sparkeos exactly_once sink
+
+(b)/(e) is the price of exactly-once against what a Spark user has today; (f)/(e) the price of the sink
+alone; (c)/(e) the sparkeos connector's own cost at Spark's guarantee.
 
 msgs/s = input records / wall seconds from the start of processing (clients created, query started)
 until the last output is committed. Each variant runs --rounds times (3), the variants taking turns within each
@@ -30,6 +38,7 @@ INVALID and the run exits 1: a variant cannot look fast by dropping or duplicati
     python benchmarks/pipeline.py                       # 1,000,000 records, all variants
     python benchmarks/pipeline.py --records 100000 --variants a,b
     python benchmarks/pipeline.py --json                # also print the results as one JSON object
+    python benchmarks/pipeline.py --broker kafka-4.4.0 --variants a,b,c,e,f
 
 Quix Streams pins confluent-kafka < 2.13 while sparkeos needs >= 2.16, so it cannot share the project's
 environment: (d) runs in a child process on --quix-python (default .venv-quix/bin/python), made with
@@ -78,9 +87,18 @@ VARIANTS = {
     "b": "(b) sparkeos exactly_once",
     "c": "(c) sparkeos at_least_once",
     "d": "(d) quixstreams exactly-once",
+    "e": "(e) spark kafka at-least-once",
+    "f": "(f) spark kafka -> sparkeos exactly_once",
 }
-# (numerator, denominator, target): the ratios of msgs/s this benchmark reports.
-TARGETS = [("b", "a", 1.0), ("b", "d", 5.0), ("b", "c", 0.85)]
+# The Spark variants: (source format, sink format, the sparkeos sink's deliveryGuarantee or None for Spark's sink).
+SPARK_VARIANTS = {
+    "b": ("sparkeos.kafka", "sparkeos.kafka", "exactly_once"),
+    "c": ("sparkeos.kafka", "sparkeos.kafka", "at_least_once"),
+    "e": ("kafka", "kafka", None),
+    "f": ("kafka", "sparkeos.kafka", "exactly_once"),
+}
+# (numerator, denominator, target or None): the ratios of msgs/s this benchmark reports.
+TARGETS = [("b", "a", 1.0), ("b", "d", 5.0), ("b", "c", 0.85), ("b", "e", None), ("f", "e", None), ("c", "e", None)]
 
 
 class VerificationError(AssertionError):
@@ -355,13 +373,14 @@ def spark_session_for_benchmark(app_name: str = "sparkeos-pipeline-benchmark", m
 
 
 def run_spark_query(
-    spark, bootstrap: str, source: str, sink: str, guarantee: str, checkpoint: str, max_offsets_per_trigger: int
+    spark, bootstrap: str, source: str, sink: str, variant: str, checkpoint: str, max_offsets_per_trigger: int
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
+    source_format, sink_format, guarantee = SPARK_VARIANTS[variant]
     started = time.monotonic()
     reader = (
-        spark.readStream.format("sparkeos.kafka")
+        spark.readStream.format(source_format)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", source)
         .option("startingOffsets", "earliest")
@@ -374,21 +393,16 @@ def run_spark_query(
         .where(F.ascii(text) % 2 == 0)
         .select("key", F.concat(F.upper(text), F.lit("!")).cast("binary").alias("value"))
     )
-    query = (
-        frame.writeStream.format("sparkeos.kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", sink)
-        .option("deliveryGuarantee", guarantee)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    writer = frame.writeStream.format(sink_format).option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+    if guarantee is not None:
+        writer = writer.option("deliveryGuarantee", guarantee)
+    query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     if not query.awaitTermination(1800):
         query.stop()
-        raise TimeoutError(f"the {guarantee} query did not finish in 1800 s")
+        raise TimeoutError(f"the {VARIANTS[variant]} query did not finish in 1800 s")
     seconds = time.monotonic() - started
     if query.exception() is not None:
-        raise RuntimeError(f"the {guarantee} query failed: {query.exception()}")
+        raise RuntimeError(f"the {VARIANTS[variant]} query failed: {query.exception()}")
     return {"seconds": seconds, **progress_summary(query.recentProgress)}
 
 
@@ -402,15 +416,20 @@ def progress_summary(progress: list) -> dict[str, Any]:
     return {"batches": len(batches), "input_rows": sum(p["numInputRows"] for p in batches), "duration_ms": phases}
 
 
-def warm_up_spark(spark, bootstrap: str, source: str, expected: Expected, workdir: Path, partitions: int) -> None:
+def warm_up_spark(spark, bootstrap: str, source: str, expected: Expected, workdir: Path, partitions: int,
+                  variants: list[str]) -> None:
     """Queries over the measured input first, so the measured ones pay neither for starting Python workers nor
-    for the JVM's warm-up (see WARMUP_QUERIES)."""
+    for the JVM's warm-up (see WARMUP_QUERIES): each Spark variant measured, WARMUP_QUERIES times, in turns, as each
+    has code paths of its own (Spark's connector, the sparkeos source or sink)."""
     for run in range(WARMUP_QUERIES):
-        sink = create_topic(bootstrap, new_topic_name("warmup-out"), partitions)
-        run_spark_query(spark, bootstrap, source, sink, "exactly_once", str(workdir / f"warmup-checkpoint-{run}"), 0)
-        found = read_committed_output(bootstrap, sink)
-        if found != expected:
-            raise VerificationError(f"the Spark warm-up query wrote {found}, expected {expected}")
+        for variant in variants:
+            sink = create_topic(bootstrap, new_topic_name("warmup-out"), partitions)
+            run_spark_query(spark, bootstrap, source, sink, variant, str(workdir / f"warmup-checkpoint-{variant}{run}"),
+                            0)
+            found = read_committed_output(bootstrap, sink)
+            if found != expected:
+                raise VerificationError(f"the Spark warm-up query {VARIANTS[variant]} wrote {found}, "
+                                        f"expected {expected}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,6 +513,8 @@ def run_round(result: Result, round_no: int, body, bootstrap: str, sink: str, ex
 def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
     rows = []
     for top, bottom, target in TARGETS:
+        if top not in results or bottom not in results:
+            continue  # a variant not asked for
         a, b = results.get(top), results.get(bottom)
         valid = all(r is not None and r.verified and not r.error and r.msgs_per_s for r in (a, b))
         ratio = a.msgs_per_s / b.msgs_per_s if valid else None
@@ -502,7 +523,7 @@ def ratio_rows(results: dict[str, Result]) -> list[dict[str, Any]]:
                 "ratio": f"({top})/({bottom})",
                 "value": ratio,
                 "target": target,
-                "met": None if ratio is None else ratio >= target,
+                "met": None if ratio is None or target is None else ratio >= target,
                 "each_round": round_ratios(a, b) if valid else [],
             }
         )
@@ -542,11 +563,12 @@ def print_report(results: dict[str, Result], rows: list[dict[str, Any]], meta: d
         value = "-" if row["value"] is None else f"{row['value']:.2f}x"
         met = "-" if row["met"] is None else ("met" if row["met"] else "NOT met")
         each = " ".join(f"{x:.2f}x" for x in row["each_round"])
-        print(f"  {row['ratio']:<9} {value:>8}   target >= {row['target']:.2f}x   {met:<7}   each round: {each or '-'}")
+        target = "no target     " if row["target"] is None else f"target >= {row['target']:.2f}x"
+        print(f"  {row['ratio']:<9} {value:>8}   {target}   {met:<7}   each round: {each or '-'}")
     spark = meta.get("spark_startup_s")
     if spark is not None:
         print(
-            f"\nspark start-up, not in (b)/(c): session {spark['session']:.1f} s, "
+            f"\nspark start-up, not in (b)/(c)/(e)/(f): session {spark['session']:.1f} s, "
             f"{WARMUP_QUERIES} warm-up queries over the same input {spark['warmup']:.1f} s; "
             f"checkpoints: {CHECKPOINT_FILE_MANAGER.rsplit('.', 1)[1]}"
         )
@@ -563,7 +585,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="input records of 100 bytes")
     parser.add_argument("--partitions", type=int, default=2, help="partitions of the input and output topics")
-    parser.add_argument("--variants", default="a,b,c,d", help="comma list of a,b,c,d")
+    parser.add_argument("--variants", default="a,b,c,d,e,f", help="comma list of a,b,c,d,e,f")
+    parser.add_argument("--broker", default="embedded",
+                        help="embedded (the sparkeos broker), or kafka-<version>: a one-node Apache Kafka of a "
+                             "version the tests run (benchmarks/kafka_setup.py)")
     parser.add_argument("--txn-records", type=int, default=10_000, help="(a): input records per transaction")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each variant, in turns; msgs/s: their median")
     parser.add_argument(
@@ -589,19 +614,20 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.records, args.partitions, args.txn_records, args.rounds) <= 0:
         parser.error("--records, --partitions, --txn-records and --rounds must be positive")
 
-    from sparkeos.broker.embedded import BrokerProcess
+    from kafka_setup import BROKERS, broker
 
+    if args.broker not in BROKERS:
+        parser.error(f"--broker takes one of {', '.join(BROKERS)}")
     with tempfile.TemporaryDirectory(prefix="sparkeos-pipeline-") as tmp:
         workdir = Path(tmp)
-        (workdir / "broker").mkdir()
-        with BrokerProcess(workdir / "broker") as broker:
-            return run_all(args, variants, broker.bootstrap_servers, workdir)
+        with broker(args.broker, workdir / "broker") as (bootstrap, described):
+            return run_all(args, variants, bootstrap, described, workdir)
 
 
-def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workdir: Path) -> int:
+def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, described: str, workdir: Path) -> int:
     print(
         f"records: {args.records:,} x {VALUE_SIZE} B in {args.partitions} partitions; "
-        f"broker: sparkeos in a child process, data on disk; confluent-kafka {confluent_kafka.version()}, "
+        f"broker: {described}; confluent-kafka {confluent_kafka.version()}, "
         f"librdkafka {confluent_kafka.libversion()[0]}; {os.cpu_count()} CPUs"
     )
     # Broker, Spark's JVM, its Python workers and anything else running share these CPUs.
@@ -610,6 +636,7 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
     meta: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "records": args.records,
+        "broker": described,
         "value_bytes": VALUE_SIZE,
         "partitions": args.partitions,
         "txn_records": args.txn_records,
@@ -633,21 +660,28 @@ def run_all(args: argparse.Namespace, variants: list[str], bootstrap: str, workd
     if "a" in variants:
         runners["a"] = lambda sink, _round: run_raw_loop(bootstrap, source, sink, args.txn_records)
     spark = None
-    if "b" in variants or "c" in variants:
+    spark_variants = [v for v in variants if v in SPARK_VARIANTS]
+    if spark_variants:
         compile_sparkeos_bytecode()
+        more = {}
+        if any(SPARK_VARIANTS[v][0] == "kafka" for v in spark_variants):
+            from kafka_setup import SPARK_KAFKA_VERSION, spark_kafka_jars
+
+            more["spark.jars"] = ",".join(spark_kafka_jars())
+            meta["spark_sql_kafka"] = SPARK_KAFKA_VERSION
         t0 = time.monotonic()
-        spark = spark_session_for_benchmark()
+        spark = spark_session_for_benchmark(more=more)
         spark.sparkContext.setLogLevel("ERROR")
         session_s = time.monotonic() - t0
         t0 = time.monotonic()
         if not args.no_spark_warmup:
-            warm_up_spark(spark, bootstrap, source, expected, workdir, args.partitions)
+            warm_up_spark(spark, bootstrap, source, expected, workdir, args.partitions, spark_variants)
         meta["spark_startup_s"] = {"session": session_s, "warmup": time.monotonic() - t0}
         meta["pyspark"] = spark.version
         meta["checkpoint_file_manager"] = CHECKPOINT_FILE_MANAGER
-        for variant, guarantee in (("b", "exactly_once"), ("c", "at_least_once")):
-            runners[variant] = lambda sink, n, v=variant, g=guarantee: run_spark_query(
-                spark, bootstrap, source, sink, g, str(workdir / f"checkpoint-{v}-{n}"), args.max_offsets_per_trigger
+        for variant in spark_variants:
+            runners[variant] = lambda sink, n, v=variant: run_spark_query(
+                spark, bootstrap, source, sink, v, str(workdir / f"checkpoint-{v}-{n}"), args.max_offsets_per_trigger
             )
     if "d" in variants:
         runners["d"] = lambda sink, _round: run_quix(args.quix_python, bootstrap, source, sink, expected)

@@ -1,6 +1,7 @@
 """Fetch the jars the tests and benchmarks run from Maven Central into the shared cache, ahead of time.
 
-    python3 scripts/fetch_jars.py              # every Apache Kafka version the tests run, and kafka-clients
+    python3 scripts/fetch_jars.py              # every Apache Kafka version the tests run, kafka-clients and
+                                               # Spark's own Kafka connector (the benchmarks' peer)
     python3 scripts/fetch_jars.py --kafka 4.4.0
 
 Needs Maven (`mvn`) and nothing beyond the standard library, so it runs before any virtualenv exists. The cache is
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support import apache_kafka, kafka_java  # noqa: E402
+from support import apache_kafka, kafka_java, spark_kafka  # noqa: E402
 
 
 def main() -> int:
@@ -29,6 +30,8 @@ def main() -> int:
         print(f"Apache Kafka {version}: {len(jars)} jars in {jars[0].parent}")
     jars = kafka_java.kafka_client_jars()
     print(f"kafka-clients {kafka_java.KAFKA_CLIENTS_VERSION}: {len(jars)} jars in {jars[0].parent}")
+    jars = spark_kafka.connector_jars()
+    print(f"spark-sql-kafka {spark_kafka.CONNECTOR_VERSION}: {len(jars)} jars in {jars[0].parent}")
     return 0
 
 
