@@ -6,7 +6,9 @@ broker only), through the same `broker` (or `broker_process`) fixture; a test th
 `broker_kind`, the name of the kind to start. Its test ids end in `[embedded]`,
 `[kafka-4.4.0]`, ... A test of such a module marked `embedded_broker_only` runs on the embedded broker alone.
 `apache_kafka(newest_only=True)` keeps the default run within its time: such a test runs on the newest version
-only, unless `SPARKEOS_TEST_KAFKA` names the versions.
+only, unless `SPARKEOS_TEST_KAFKA` names the versions. `apache_kafka(opt_in=True)`, for the longest soaks, runs on
+Apache Kafka only when `SPARKEOS_TEST_KAFKA` names the versions. `apache_kafka(embedded=False)` leaves the embedded
+broker out (it runs there only when no Apache Kafka version is tested).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from support.postgres import PostgresServer
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "apache_kafka(newest_only=False): run against the embedded broker and each Apache Kafka version "
-        "(tests/conftest.py)"
+        "markers", "apache_kafka(newest_only=False, opt_in=False, embedded=True): run against the embedded broker and "
+        "each Apache Kafka version (tests/conftest.py)"
     )
     config.addinivalue_line(
         "markers", "embedded_broker_only(why): in a module marked apache_kafka, a test whose subject does not depend "
@@ -40,9 +42,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is None or metafunc.definition.get_closest_marker("embedded_broker_only"):
         return
     versions = apache_kafka.tested_versions()
-    if marker.kwargs.get("newest_only") and "SPARKEOS_TEST_KAFKA" not in os.environ:
+    chosen = "SPARKEOS_TEST_KAFKA" in os.environ
+    if marker.kwargs.get("opt_in") and not chosen:
+        versions = []
+    elif marker.kwargs.get("newest_only") and not chosen:
         versions = versions[:1]
-    kinds = ["embedded", *(f"kafka-{version}" for version in versions)]
+    kinds = [f"kafka-{version}" for version in versions]
+    if marker.kwargs.get("embedded", True) or not kinds:
+        kinds.insert(0, "embedded")
     for fixture in ("broker", "broker_process", "broker_kind"):
         if fixture in metafunc.fixturenames:
             metafunc.parametrize(fixture, kinds, indirect=True)

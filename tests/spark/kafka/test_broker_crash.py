@@ -79,7 +79,9 @@ def wait_for_kill_moment(driver: Driver, checkpoint, cycle: int, rng: random.Ran
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.apache_kafka(newest_only=True)
+# On Apache Kafka a soak of its own (SPARKEOS_TEST_KAFKA=4.4.0): a restart takes about 10 s there, and the default
+# run kills Kafka brokers under a query in the three-node test (test_apache_kafka_cluster.py).
+@pytest.mark.apache_kafka(opt_in=True)
 def test_broker_killed_at_random_moments_query_rides_through_and_output_stays_exact(broker_process, tmp_path):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)

@@ -78,7 +78,10 @@ class KafkaTarget(DrillTarget):
         return {"read_committed consumer": read_values(self.bootstrap, self.topic)}
 
 
-@pytest.mark.apache_kafka(newest_only=True)
+# On Apache Kafka a soak of its own (SPARKEOS_TEST_KAFKA=4.4.0): the default run kills drivers on Kafka in the
+# three-node test (test_apache_kafka_cluster.py) and fails each step of the commit protocol there on every version
+# (test_exactly_once.py); ten random kills more would take it past its time.
+@pytest.mark.apache_kafka(opt_in=True)
 @pytest.mark.timeout(DRILL_TIMEOUT_S)
 def test_driver_killed_at_random_moments_output_stays_exact(broker_process, tmp_path):
     bootstrap = broker_process.bootstrap_servers
