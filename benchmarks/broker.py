@@ -381,11 +381,10 @@ KAFKA_FLUSH = {
 @contextmanager
 def running_kafka(workdir: Path, version: str, fsync: str) -> Iterator[BrokerProcess]:
     """Apache Kafka, one KRaft node, with the flush policy that matches sparkeos' --fsync `fsync`."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from support.apache_kafka import ApacheKafkaCluster
+    from kafka_setup import apache_kafka
 
     t0 = time.monotonic()
-    with ApacheKafkaCluster(workdir / "kafka", version, settings=KAFKA_FLUSH[fsync]) as cluster:
+    with apache_kafka.ApacheKafkaCluster(workdir / "kafka", version, settings=KAFKA_FLUSH[fsync]) as cluster:
         node = cluster.nodes[1]
         assert node.process is not None
         flush = ", ".join(f"{k}={v}" for k, v in KAFKA_FLUSH[fsync].items())
@@ -1164,12 +1163,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not brokers:
         parser.error(f"--brokers takes tansu, sparkeos and/or kafka, not {sorted(unknown) or 'nothing'}")
     if "kafka" in brokers:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from support.apache_kafka import VERSIONS
+        from kafka_setup import apache_kafka
 
-        args.kafka_version = args.kafka_version or VERSIONS[0]
-        if args.kafka_version not in VERSIONS:
-            parser.error(f"--kafka-version takes one of {', '.join(VERSIONS)}")
+        args.kafka_version = args.kafka_version or apache_kafka.VERSIONS[0]
+        if args.kafka_version not in apache_kafka.VERSIONS:
+            parser.error(f"--kafka-version takes one of {', '.join(apache_kafka.VERSIONS)}")
     if args.records <= 0 or args.repeat <= 0:
         parser.error("--records and --repeat must be positive")
     if args.max_partition_fetch_bytes is not None and args.max_partition_fetch_bytes <= 0:
