@@ -66,10 +66,12 @@ class DemoTopics:
     prefix: str = ""
 
     @classmethod
-    def for_run(cls, run_id: str | None = None) -> DemoTopics:
-        prefix = f"sparkeos-demo-{run_id or uuid.uuid4().hex[:8]}"
-        return cls(*(f"{prefix}-{name}" for name in ("people", "identify-numbers", "people-dead-letter", "people-etl",
-                                                     "schemas")), prefix=prefix)
+    def for_run(cls) -> DemoTopics:
+        """The default names behind `sparkeos-demo-<run id>-`; the registry's topic is `...-schemas`."""
+        prefix = f"sparkeos-demo-{uuid.uuid4().hex[:8]}"
+        names = cls()
+        return cls(f"{prefix}-{names.input}", f"{prefix}-{names.output}", f"{prefix}-{names.dead_letter}",
+                   f"{prefix}-{names.group}", f"{prefix}-schemas", prefix)
 
     @property
     def topics(self) -> list[str]:
