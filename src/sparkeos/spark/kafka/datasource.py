@@ -8,6 +8,7 @@ from pyspark.sql.types import StructType
 from ..checkpoint_target import claim_checkpoint
 from ..gc_pause import freeze_planner_worker_once
 from ..options import batch_write_id
+from ..source_runner import quiet_when_spark_hangs_up
 from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink.startup_checks import prepare_exactly_once, validate_input_schema
 from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
@@ -39,6 +40,7 @@ class KafkaDataSource(DataSource):
         return KafkaBatchReader(parse_source_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        quiet_when_spark_hangs_up()
         return KafkaStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
