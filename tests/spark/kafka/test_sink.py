@@ -32,8 +32,7 @@ from support.spark import (
 )
 from support.wire import WireClient
 
-# The newest Apache Kafka only, by default: the full matrix is `SPARKEOS_TEST_KAFKA=4.4.0,3.9.2`.
-pytestmark = pytest.mark.apache_kafka(newest_only=True)
+pytestmark = pytest.mark.apache_kafka
 
 
 def stream_of(spark, bootstrap: str, topic: str, **options: str):

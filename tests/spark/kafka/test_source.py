@@ -31,8 +31,7 @@ from sparkeos.spark.kafka.source import range_reader as source_module
 from sparkeos.spark.kafka.source.readers import KafkaStreamReader
 from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
-# The newest Apache Kafka only, by default: the full matrix is `SPARKEOS_TEST_KAFKA=4.4.0,3.9.2`.
-pytestmark = pytest.mark.apache_kafka(newest_only=True)
+pytestmark = pytest.mark.apache_kafka
 
 # Spark's own Kafka source schema (KafkaRecordToRowConverter), written out independently of source.py.
 SPARK_KAFKA_SCHEMA = StructType(
