@@ -70,6 +70,23 @@ def is_transient(error: object) -> bool:
 Answer = TypeVar("Answer")
 
 
+def until_deadline(attempt: Callable[[float], Answer], timeout_s: float,
+                   transient_error: Callable[[Exception], object | None],
+                   retrying: Callable[[object], None]) -> Answer:
+    """`attempt(seconds left)`, made again while it fails with an exception that `transient_error` finds a transient
+    error in (`retrying(error)` is told of each), until `timeout_s` runs out; then that exception is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return attempt(max(deadline - time.monotonic(), 0.001))
+        except Exception as exc:
+            error = transient_error(exc)
+            if error is None or time.monotonic() + RETRY_BACKOFF_S >= deadline:
+                raise
+            retrying(error)
+            time.sleep(RETRY_BACKOFF_S)
+
+
 def _partition_counts(metadata) -> dict[str, int]:
     """Topic name -> partition count, for topics without errors."""
     return {
@@ -125,15 +142,12 @@ class KafkaCluster:
 
     def _until_deadline(self, attempt: Callable[[float], Answer], what: str) -> Answer:
         """`attempt(seconds left)`, made again while it fails with a transient error, until the deadline."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                return attempt(max(deadline - time.monotonic(), 0.001))
-            except _Transient as exc:
-                if time.monotonic() + RETRY_BACKOFF_S >= deadline:
-                    raise self._unreachable(what, exc.error) from None
-                log.info("%s to %s failed (%s); trying again", what, self.bootstrap_servers, exc.error)
-                time.sleep(RETRY_BACKOFF_S)
+        try:
+            return until_deadline(
+                attempt, self.timeout_s, lambda exc: exc.error if isinstance(exc, _Transient) else None,
+                lambda error: log.info("%s to %s failed (%s); trying again", what, self.bootstrap_servers, error))
+        except _Transient as exc:
+            raise self._unreachable(what, exc.error) from None
 
     def _wait(self, futures: dict, what: str, timeout_s: float) -> dict:
         """Each future's result or exception; a transient exception among them raises _Transient."""

@@ -17,7 +17,14 @@ from collections.abc import Iterator
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ...client_cache import ClientCache
-from ..cluster import RETRY_BACKOFF_S, WARMUP_TIMEOUT_S, KafkaCluster, connection_config, is_transient, learn_topic
+from ..cluster import (
+    WARMUP_TIMEOUT_S,
+    KafkaCluster,
+    connection_config,
+    is_transient,
+    learn_topic,
+    until_deadline,
+)
 from ..options import PRODUCER_CACHE_TIMEOUT, PRODUCER_TIMEOUT_ENV, SinkOptions
 
 log = logging.getLogger("sparkeos.sink")
@@ -110,20 +117,17 @@ class MarkerReader:
     def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """T's marker group offsets, asked again while its coordinator moves or loads: Apache Kafka then answers
         NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, which librdkafka hands to the caller."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                found = self.consumer.committed(partitions, timeout=max(deadline - time.monotonic(), 0.001))
-                failed = next((tp.error for tp in found if tp.error is not None), None)
-                if failed is not None:
-                    raise KafkaException(failed)
-                return found
-            except KafkaException as exc:
-                if not is_transient(exc) or time.monotonic() + RETRY_BACKOFF_S >= deadline:
-                    raise
-                log.info("reading the marker offsets of %s failed (%s); asking again", self.transactional_id,
-                         exc.args[0])
-                time.sleep(RETRY_BACKOFF_S)
+        def attempt(timeout_s: float) -> list[TopicPartition]:
+            found = self.consumer.committed(partitions, timeout=timeout_s)
+            failed = next((tp.error for tp in found if tp.error is not None), None)
+            if failed is not None:
+                raise KafkaException(failed)
+            return found
+
+        return until_deadline(
+            attempt, self.timeout_s, lambda exc: exc.args[0] if is_transient(exc) else None,
+            lambda error: log.info("reading the marker offsets of %s failed (%s); asking again",
+                                   self.transactional_id, error))
 
     def _scan_marker_records(self, query_id: str | None) -> int | None:
         """The newest marker record of T and `query_id`, for when the group offset is gone, never existed, or is
