@@ -470,52 +470,57 @@ RETRY_SCRIPT = textwrap.dedent(
     import os
     import sys
     import sparkeos.spark
-    bootstrap, source, sink, checkpoint, failpoint = sys.argv[1:6]
-    armed = os.path.join(os.environ["SPARKEOS_FAILPOINT_DIR"], failpoint)
-    open(armed, "w").close()
+    bootstrap, source, sink, checkpoint = sys.argv[1:5]
     # local[2,3]: up to 3 attempts per task, so a failed task is retried inside the same job.
     spark = sparkeos.spark.session("retry", master="local[2,3]", config={"spark.ui.enabled": "false"})
-    batch = spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
-        .option("subscribe", source).load().select("value")
-    batch.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \\
-        .option("topic", sink + "-batch").save()
-    assert not os.path.exists(armed), "the batch write never reached the failpoint"
-    open(armed, "w").close()
-    query = spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
-        .option("subscribe", source).option("startingOffsets", "earliest").load().select("value") \\
-        .writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
-        .option("topic", sink + "-stream").option("checkpointLocation", checkpoint).start()
-    query.processAllAvailable()
-    query.stop()
-    assert not os.path.exists(armed), "the streaming query never reached the failpoint"
+    for failpoint in sys.argv[5:]:
+        armed = os.path.join(os.environ["SPARKEOS_FAILPOINT_DIR"], failpoint)
+        open(armed, "w").close()
+        batch = spark.read.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+            .option("subscribe", source).load().select("value")
+        batch.write.format("sparkeos.kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \\
+            .option("topic", f"{sink}-{failpoint}-batch").save()
+        assert not os.path.exists(armed), "the batch write never reached the failpoint"
+        open(armed, "w").close()
+        query = spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+            .option("subscribe", source).option("startingOffsets", "earliest").load().select("value") \\
+            .writeStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap) \\
+            .option("topic", f"{sink}-{failpoint}-stream") \\
+            .option("checkpointLocation", os.path.join(checkpoint, failpoint)).start()
+        query.processAllAvailable()
+        query.stop()
+        assert not os.path.exists(armed), "the streaming query never reached the failpoint"
     spark.stop()
     """
 )
+RETRY_FAILPOINTS = ("sink.after_commit", "sink.before_commit")
 
 
-@pytest.mark.parametrize("failpoint", ["sink.after_commit", "sink.before_commit"])
-def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path, failpoint):
+def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path):
     """A task that fails after (or before) its commit is retried by Spark in the same job: the retry
-    fences the first attempt and, if that one committed, finds its marker and writes nothing."""
+    fences the first attempt and, if that one committed, finds its marker and writes nothing. Both failpoints
+    run in one Spark of its own (whose master allows task retries), one after the other."""
     import os
 
     bootstrap = broker.bootstrap_servers
     source = create_topic(bootstrap, unique("in"), partitions=2)
     sink = unique("out")
-    create_topic(bootstrap, sink + "-batch")
-    create_topic(bootstrap, sink + "-stream")
+    for failpoint in RETRY_FAILPOINTS:
+        create_topic(bootstrap, f"{sink}-{failpoint}-batch")
+        create_topic(bootstrap, f"{sink}-{failpoint}-stream")
     produce(bootstrap, source, [str(i) for i in range(300)])
     failpoints = tmp_path / "failpoints"
     failpoints.mkdir()
     script = tmp_path / "retry.py"
     script.write_text(RETRY_SCRIPT)
     env = {**os.environ, "SPARKEOS_FAILPOINT_DIR": str(failpoints), "PYSPARK_PYTHON": sys.executable}
-    command = [sys.executable, str(script), bootstrap, source, sink, str(tmp_path / "ck"), failpoint]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    command = [sys.executable, str(script), bootstrap, source, sink, str(tmp_path / "ck"), *RETRY_FAILPOINTS]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     expected = Counter(str(i).encode() for i in range(300))
-    assert_exactly_once(expected, read_values(bootstrap, sink + "-batch"))
-    assert_exactly_once(expected, read_values(bootstrap, sink + "-stream"))
+    for failpoint in RETRY_FAILPOINTS:
+        for write in ("batch", "stream"):
+            assert_exactly_once(expected, read_values(bootstrap, f"{sink}-{failpoint}-{write}"))
 
 
 @pytest.mark.embedded_broker_only("no broker answers")
