@@ -3,6 +3,10 @@ Maven Central, single nodes of each version, a three-node cluster whose nodes ar
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from confluent_kafka import Producer
 
@@ -40,6 +44,17 @@ def test_jars_are_fetched_once_into_a_complete_entry(tmp_path, monkeypatch) -> N
     # A second call takes the entry as it is, without Maven.
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     assert cached_jars("kafka-clients", ["org.apache.kafka:kafka-clients:3.9.1"], tmp_path) == jars
+
+
+def test_fetch_jars_runs_on_the_standard_library_alone() -> None:
+    # .ci/run calls it with the system Python before any virtualenv exists: neither sparkeos nor any other installed
+    # package may be imported on its way. -S leaves out every site-packages directory; the jars are in the cache by
+    # now (.ci/run and the Apache Kafka tests fill it), so this mostly reads the cache.
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys._base_executable, "-S", str(root / "scripts" / "fetch_jars.py")],
+                            capture_output=True, text=True, timeout=300, cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert "Apache Kafka 4.4.0:" in result.stdout and "spark-sql-kafka" in result.stdout
 
 
 def _commit_numbers(bootstrap: str, topic: str, numbers: range, transactional_id: str) -> None:

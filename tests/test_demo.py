@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from support.ports import free_port
+from sparkeos.ports import free_port
 from support.runtime_only import runtime_environment
 from support.spark import create_topic, unique
 

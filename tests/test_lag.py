@@ -19,8 +19,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.errors import StreamingQueryException
 
 from sparkeos.cli import main
+from sparkeos.ports import free_port
 from support.crash import batch_end_offsets, committed_batches, planned_batches
-from support.ports import free_port
 from support.spark import create_topic, produce, produce_transaction, unique, wait_for
 
 pytestmark = pytest.mark.apache_kafka

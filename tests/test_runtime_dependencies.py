@@ -1,7 +1,8 @@
 """sparkeos runs on its runtime dependencies alone, as the README's demo command installs it (`pip install -e .`,
 no extras): every module it imports is installed by them, and its commands and sinks run in a virtualenv that holds
 nothing else (support/runtime_only.py). `.ci/run` also runs the README's demo command verbatim in a fresh virtualenv;
-these tests catch a missing dependency sooner, and in the parts the demo does not reach."""
+these tests catch a missing dependency sooner, and in the parts the demo does not reach. The sinks' jobs run, are
+audited and have their lag read there under `sparkeos chaos` (tests/test_chaos.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.dataset
 import pytest
-import yaml
 
 from support.runtime_only import runtime_environment
-from support.spark import create_topic, produce
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "sparkeos"
@@ -89,7 +87,7 @@ def test_every_module_of_sparkeos_imports_with_runtime_dependencies_only(runtime
 
 
 def test_every_command_starts_with_runtime_dependencies_only(runtime_python):
-    commands = ["broker", "run", "audit", "demo", "lag"]
+    commands = ["broker", "run", "audit", "demo", "chaos", "lag", "sinks"]
     for command in commands:
         result = run(runtime_python, "-m", "sparkeos", command, "--help")
         assert result.returncode == 0 and "usage: sparkeos" in result.stdout, f"sparkeos {command}: {result.stderr}"
@@ -97,53 +95,10 @@ def test_every_command_starts_with_runtime_dependencies_only(runtime_python):
     assert all(command in result.stdout for command in commands), "a command of sparkeos is not checked here"
 
 
-def json_people(count: int) -> list[str]:
-    return [json.dumps({"id": i, "name": f"name-{i}", "age": 10 + i % 20, "country": COUNTRIES[i % 3]})
-            for i in range(count)]
-
-
-@pytest.mark.parametrize("example", ["people-files.yaml", "people-postgres.yaml"])
-def test_a_sinks_job_runs_and_audits_with_runtime_dependencies_only(runtime_python, broker, postgres, tmp_path,
-                                                                   example):
-    """`sparkeos run`, `sparkeos audit` and `sparkeos lag` on the example job of the sink, as a user runs them after a
-    plain install; the Kafka sink's job is the demo's (tests/test_demo.py). Counted by a reader that knows nothing of
-    sparkeos."""
-    bootstrap = broker.bootstrap_servers
-    document = yaml.safe_load((EXAMPLES / example).read_text())
-    document["source"]["kafka.bootstrap.servers"] = bootstrap
-    document["checkpoint"] = str(tmp_path / "checkpoint")
-    files = document["sink"]["format"] == "sparkeos.files"
-    if files:
-        document["sink"]["path"] = str(tmp_path / "output")
-    else:
-        table = f"public.adults_{tmp_path.name.replace('-', '_').lower()}"
-        document["sink"]["options"].update(url=postgres.url(), dbtable=table)
-    topic = document["source"]["subscribe"] = f"people-{tmp_path.name}"
-    job = tmp_path / example
-    job.write_text(yaml.safe_dump(document))
-    create_topic(bootstrap, topic, 2)
-    produce(bootstrap, topic, json_people(60))
-
-    result = run(runtime_python, "-m", "sparkeos", "run", str(job), "--available-now", "--master", "local[2]",
-                 timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    if files:
-        table_read = pyarrow.dataset.dataset(tmp_path / "output", format="parquet", partitioning="hive").to_table()
-        written = sorted(table_read.column("id").to_pylist())
-        expected = list(range(60))
-    else:
-        with postgres.connect() as connection:
-            written = [row[0] for row in connection.execute(f"SELECT id FROM {table} ORDER BY id").fetchall()]
-        expected = [i for i in range(60) if 10 + i % 20 >= 18]
-    assert written == expected
-
-    result = run(runtime_python, "-m", "sparkeos", "audit", str(job), "--bootstrap-servers", bootstrap,
-                 "--input", topic, "--master", "local[2]", "--json", timeout=280)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["delivered"] == report["expected"] == len(expected)
-
-    result = run(runtime_python, "-m", "sparkeos", "lag", "--checkpoint", document["checkpoint"],
-                 "--bootstrap-servers", bootstrap, "--json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["total_lag"] == 0
+@pytest.mark.parametrize("entry", ["sparkeos.jobs.submit", "sparkeos.jobs.runner", "sparkeos.cli", "sparkeos.chaos",
+                                   "sparkeos.spark", "sparkeos.demo"])
+def test_each_entry_point_imports_first_in_a_fresh_interpreter(runtime_python, entry):
+    """What spark-submit, `sparkeos run`'s driver, the CLI and Spark's workers import first: in one process with every
+    module (above), an import cycle stays hidden whenever another module happens to be imported before."""
+    result = run(runtime_python, "-c", f"import {entry}")
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -12,8 +12,8 @@ from confluent_kafka import Producer
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 
 from sparkeos.broker import EmbeddedBroker
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.verify import read_records
-from support.tcp_proxy import TcpProxy
 from support.wire import ConnectionClosed, WireClient
 
 PRODUCE = 0

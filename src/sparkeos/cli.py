@@ -165,6 +165,76 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
                         help="print the final report as one JSON object on the last line")
 
 
+def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
+    from .chaos.faults import KINDS
+
+    parser = commands.add_parser(
+        "chaos", help="run a job under faults in a sandbox, then audit its output for lost and duplicated records",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="faults (KIND=SECONDS sets the mean time between two of them):\n" + "\n".join(
+            f"  {kind.name:24} {kind.what} (every {kind.mean_interval_s:.0f} s)" for kind in KINDS.values()))
+    parser.add_argument("job", type=Path, help="the job file")
+    parser.add_argument("--faults", metavar="KIND[=SECONDS],...",
+                        help="the faults to inject (default: every kind that applies to the job)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the input and of the fault schedule (1)")
+    parser.add_argument("--rate", type=_positive, default=100, metavar="RECORDS",
+                        help="input records fed a second (100)")
+    parser.add_argument("--duration", type=float, default=120.0, metavar="SECONDS",
+                        help="how long to inject faults, from the job's first committed batch, and longer until each "
+                             "chosen kind struck once (120); then input stops and the job catches up")
+    parser.add_argument("--partitions", type=_positive, default=2, help="partitions of the input topic (2)")
+    parser.add_argument("--master", type=_spark_master, default="local[2,4]",
+                        help="the job's Spark master (local[2,4]: two cores, each task tried up to 4 times as on a "
+                             "cluster)")
+    parser.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
+                        help="give up waiting for the job to catch up after this long in all (900)")
+    parser.add_argument("--workdir", type=Path, help="keep the sandbox's files there (default: a temporary "
+                                                     "directory, removed afterwards)")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
+    parser.add_argument("--report", type=Path, metavar="FILE.html",
+                        help="also write the report as one self-contained HTML page, with the run's timeline")
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from .chaos import ChaosSettings, FaultError, SandboxError, parse_faults, run_chaos
+    from .chaos.report import live_table, print_report
+    from .jobs.quiet import quiet_third_party_warnings, setup_logging
+    from .jobs.spec import JobError, load_job
+
+    quiet_third_party_warnings()
+    setup_logging("WARNING")
+    try:
+        if not args.duration > 0:
+            raise FaultError(f"--duration must be more than 0 seconds (got {args.duration})")
+        spec = load_job(args.job)
+        faults = parse_faults(args.faults, spec)
+        from .chaos.sandbox import check_runnable
+
+        check_runnable(spec)
+    except (JobError, FaultError, SandboxError) as exc:
+        print(f"sparkeos chaos: {exc}", file=sys.stderr)
+        return 2
+    console = Console(stderr=args.json)
+    settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
+                             args.timeout, args.workdir)
+    with Live(console=console, refresh_per_second=2) as live:
+        report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))
+    print_report(report, console)
+    if args.report is not None:
+        from .chaos.html import write_report
+
+        write_report(report, args.report)
+        console.print(f"report: {args.report}", highlight=False)
+    if args.json:
+        print(json.dumps(report.to_json()), flush=True)
+    return 0 if report.exact else 1
+
+
 def _add_lag_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("lag", help="how far a streaming query (its checkpoint) or a consumer group is "
                                              "behind its Kafka input")
@@ -320,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_run_parser(commands)
     _add_audit_parser(commands)
     _add_demo_parser(commands)
+    _add_chaos_parser(commands)
     _add_lag_parser(commands)
     _add_sinks_parser(commands)
     args = parser.parse_args(argv)
@@ -331,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_audit(args)
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "chaos":
+        return run_chaos(args)
     if args.command == "lag":
         return run_lag(args)
     if args.command == "sinks":

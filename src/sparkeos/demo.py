@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .jobs.quiet import children_stderr_to, librdkafka_log_level, with_quiet_jvm_start
+from .chaos.input import produce_with_retry
+from .jobs.quiet import librdkafka_log_level
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
 
@@ -138,7 +139,7 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
     buffer = io.BytesIO()
     for i in range(count):
         if i in corrupt_at:
-            _produce(producer, topic, corrupt.pop(), str(i).encode())
+            produce_with_retry(producer, topic, corrupt.pop(), key=str(i).encode())
             continue
         number = identify_number(rng)
         valid += number is not None and len(number) == 18
@@ -146,7 +147,7 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
         buffer.truncate()
         fastavro.schemaless_writer(buffer, parsed, {"id": i, "name": None if i % 10 == 0 else f"name-{i}",
                                                     "identifyNumber": number})
-        _produce(producer, topic, confluent_frame(schema_id, buffer.getvalue()), str(i).encode())
+        produce_with_retry(producer, topic, confluent_frame(schema_id, buffer.getvalue()), key=str(i).encode())
     if late_sentinel:
         # Event time: a record a minute ahead moves the watermark past every real window. It must pass
         # the job's filter (Spark runs filters that ignore the event time before the watermark); its
@@ -159,15 +160,6 @@ def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, lat
     if producer.flush(60):
         raise RuntimeError("the demo input was not fully acknowledged")
     return Generated(count + late_sentinel, valid, corrupt_count)
-
-
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
-    while True:
-        try:
-            producer.produce(topic, value, key)
-            return
-        except BufferError:
-            producer.poll(0.05)
 
 
 def check_reachable(bootstrap: str) -> None:
@@ -431,18 +423,11 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
 
 def audit_demo(job_path: Path, bootstrap: str, log: Path, names: DemoTopics = DEFAULT_TOPICS):
     """The audit, in this process; its Spark JVM logs to `log`, not through the tables on the terminal."""
-    import sparkeos.spark
-
-    from .jobs.audit import SESSION_CONFIG, audit
+    from .jobs.audit import audit_in_this_process
     from .jobs.spec import load_job
 
-    config = with_quiet_jvm_start({**SESSION_CONFIG, "spark.log.level": "ERROR"})
-    with children_stderr_to(log):
-        spark = sparkeos.spark.session("sparkeos-demo-audit", master="local[2]", config=config)
-    try:
-        return audit(spark, load_job(job_path), bootstrap, names.input, names.output, names.dead_letter)
-    finally:
-        spark.stop()
+    return audit_in_this_process(load_job(job_path), bootstrap, names.input, names.output, names.dead_letter, log,
+                                 "sparkeos-demo-audit")
 
 
 def final_table(summary: dict) -> Table:

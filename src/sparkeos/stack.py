@@ -130,6 +130,8 @@ class StackProcess:
         """SIGKILL: no shutdown code runs, as in a crash."""
         self.broker.kill()
 
+    crash = kill  # as PostgresServer.crash: what `sparkeos chaos` calls to crash either
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait: a clean shutdown."""
         return self.broker.stop(timeout)

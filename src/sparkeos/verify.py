@@ -116,10 +116,10 @@ def _ends_once(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, in
 
 
 def end_offsets(bootstrap: str, topic: str, *, isolation_level: str = READ_COMMITTED,
-                timeout_s: float = 10.0) -> dict[int, int]:
+                timeout_s: float = 10.0, config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """partition -> the offset a reader at `isolation_level` reads up to now: the last stable offset under
     read_committed, the high watermark under read_uncommitted. Empty for a topic that does not exist."""
-    consumer = _consumer(bootstrap, isolation_level, None)
+    consumer = _consumer(bootstrap, isolation_level, config)
     try:
         return _ends(consumer, topic, timeout_s)
     finally:

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Producer
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.verify import read_records
-from support.tcp_proxy import TcpProxy
 from support.wire import WireClient, build_batch
 
 log = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ import pytest
 from confluent_kafka import Producer
 
 from sparkeos.broker import EmbeddedBroker
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, read_records
 from support import jepsen
 from support.jepsen import FAIL, INFO, OK, History, Poll, Reset, Txn, check, describe
-from support.tcp_proxy import TcpProxy
 
 log = logging.getLogger(__name__)
 

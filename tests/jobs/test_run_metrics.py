@@ -16,9 +16,9 @@ import yaml
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkeos.ports import free_port
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import count_records, read_records
-from support.ports import free_port
 from support.spark import create_topic, produce, unique, wait_for
 
 BAD = ["{broken json", "{also broken"]

@@ -258,3 +258,28 @@ def test_registry_survives_broker_kill_9(tmp_path: Path) -> None:
         assert fresh.register_schema("people-value", avro(PERSON_V1)) == ids[0]
     finally:
         process.kill()
+
+
+def test_the_registrys_log_opens_through_connections_cut_while_it_reads(tmp_path: Path) -> None:
+    """The registry reads its log back when it starts, as the broker it runs beside comes back from a crash: a
+    connection lost then (the network of a chaos run, a broker still loading) is retried until the log's timeout,
+    as a producer's send is, instead of failing the start."""
+    from sparkeos.registry.kafka_log import KafkaSchemaLog
+    from support.network_faults import proxied_broker
+
+    fetch, list_offsets, create_topics = 1, 2, 19
+    with proxied_broker(tmp_path) as (proxy, _broker):
+        written = KafkaSchemaLog(proxy.address, timeout=30.0)
+        written.open()
+        written.append({"subject": "s"}, {"version": 1})
+        written.close()
+        proxy.cut_requests(list_offsets, count=3)
+        proxy.cut_requests(create_topics, count=2)
+        proxy.cut_requests(fetch, count=2)
+        reread = KafkaSchemaLog(proxy.address, timeout=30.0)
+        reread.open()
+        try:
+            assert [record for _offset, record in reread.read_new()] == [({"subject": "s"}, {"version": 1})]
+            assert [proxy.requests_left_to_cut(api) for api in (fetch, list_offsets, create_topics)] == [0, 0, 0]
+        finally:
+            reread.close()

@@ -31,19 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support.maven import cached_jars
-from support.ports import free_port
+from sparkeos.ports import free_port
+from support.apache_kafka_jars import VERSIONS, kafka_jars, major
 
-# The newest release of each line Maven Central serves here: 4.x, and 3.9.x for the many users still on 3.
-VERSIONS = ("4.4.0", "3.9.2")
 START_TIMEOUT_S = 120.0
 INTERNAL_TOPIC_PARTITIONS = 10
 HEAP = "-Xmx512m"
-# Kafka's distribution ships a logging binding the Maven artifact leaves out: log4j 2 from 4.0 on, reload4j before.
-_LOGGING = {
-    4: ["org.apache.logging.log4j:log4j-slf4j-impl:2.25.5"],
-    3: ["org.slf4j:slf4j-reload4j:1.7.36"],
-}
 _LOG4J2 = """\
 appender.file.type = File
 appender.file.name = file
@@ -75,17 +68,6 @@ def tested_versions() -> list[str]:
 
 class KafkaStartFailed(RuntimeError):
     """A node exited or did not serve in time; the message holds the end of its log."""
-
-
-def major(version: str) -> int:
-    return int(version.split(".")[0])
-
-
-def kafka_jars(version: str) -> list[Path]:
-    """The broker's classpath for one Kafka version, fetched on first use."""
-    if major(version) not in _LOGGING:
-        raise ValueError(f"Apache Kafka {version}: only 3.x and 4.x are supported here")
-    return cached_jars(f"kafka-{version}", [f"org.apache.kafka:kafka_2.13:{version}", *_LOGGING[major(version)]])
 
 
 def _die_with_parent() -> None:

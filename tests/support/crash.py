@@ -1,11 +1,8 @@
 """Helpers for the Spark crash tests: driver processes killed like real crashes, a live input feeder, and
 readers of the query's checkpoint.
 
-A Spark driver is a process tree: the Python driver, its JVM (a child of the Python process), and Python
-daemons and workers that the JVM forks; pyspark's daemon moves itself into a process group of its own. A
-crash kills all of them at once, so `kill_tree` snapshots the tree first and then SIGKILLs every process
-group in it. Every process of one test run carries the environment variable `SPARKEOS_CRASH_TAG`, so
-`tagged_processes` can prove that nothing survived.
+A crash kills a driver's whole process tree (sparkeos.processes). Every process of one test run carries the
+environment variable `SPARKEOS_CRASH_TAG`, so `tagged_processes` can prove that nothing survived.
 """
 
 from __future__ import annotations
@@ -24,7 +21,8 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
-from sparkeos.verify import READ_UNCOMMITTED, end_offsets
+from sparkeos.processes import kill_processes, kill_tree, process_table, process_tree
+from sparkeos.verify import READ_UNCOMMITTED, end_offsets, read_values
 from support.spark import unique, wait_for
 
 JOB = Path(__file__).with_name("pipeline_job.py")
@@ -35,68 +33,11 @@ STARTUP_TIMEOUT_S = 240  # a driver's start on a loaded machine: JVM, session, t
 # --- processes ----------------------------------------------------------------------------------
 
 
-def _process_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, process group, state) of every live process."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # The command name in parentheses may contain spaces: the fields after it are fixed.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
-    return table
-
-
-def descendants(pid: int) -> list[int]:
-    table = _process_table()
-    children: dict[int, list[int]] = {}
-    for child, (parent, _group, _state) in table.items():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def process_tree(pid: int) -> tuple[list[int], set[int]]:
-    """`pid` and its descendants, and their process groups (never the test's own group)."""
-    table = _process_table()
-    pids = [pid, *descendants(pid)]
-    return pids, {table[p][1] for p in pids if p in table} - {os.getpgrp()}
-
-
-def kill_processes(pids: list[int], groups: set[int]) -> None:
-    """SIGKILL whole process groups (members forked since they were listed included), then the listed pids."""
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for target in pids:  # processes that share the test's own group are killed one by one
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL `pid` and every descendant, all process groups among them included; return the pids."""
-    pids, groups = process_tree(pid)
-    kill_processes(pids, groups)
-    return pids
-
-
 def tagged_processes(tag: str) -> list[int]:
     """Live (not zombie) processes whose environment carries this run's tag."""
     needle = f"{TAG_VARIABLE}={tag}".encode()
     alive = []
-    for pid, (_parent, _group, state) in _process_table().items():
+    for pid, (_parent, _group, state) in process_table().items():
         if state in ("Z", "X"):
             continue
         try:
@@ -330,6 +271,8 @@ class InputFeeder(threading.Thread):
         self.transactions = Counter()
         self.failure: BaseException | None = None
         self.next_number = 0
+        self.transactional_id = unique("feeder")
+        self.uncertain: list[int] = []  # in a transaction whose producer failed fatally; resolved by stop()
 
     def run(self) -> None:
         try:
@@ -339,10 +282,7 @@ class InputFeeder(threading.Thread):
 
     def _feed(self) -> None:
         plain = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5})
-        transactional = Producer(
-            {"bootstrap.servers": self.bootstrap, "transactional.id": unique("feeder"), "linger.ms": 5}
-        )
-        retrying(lambda: transactional.init_transactions(30))
+        transactional = self._transactional_producer()
         while not self.stop_requested.is_set():
             kind = self.random.choices(["plain", "commit", "abort"], weights=[5, 3, 2])[0]
             numbers = self._numbers(self.random.randint(*self.chunk), visible_if_leaked=kind == "abort")
@@ -354,19 +294,39 @@ class InputFeeder(threading.Thread):
                          what="the feeder's plain records to be acknowledged")
                 self.committed.extend(numbers)
             else:
-                transactional.begin_transaction()
-                for number in numbers:
-                    transactional.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
-                if kind == "commit" and self._commit(transactional):
-                    self.committed.extend(numbers)
-                else:
-                    retrying(lambda: transactional.abort_transaction(30))
-                    kind = "abort"
-                    self.aborted.extend(numbers)
+                try:
+                    kind = self._transaction(transactional, numbers, commit=kind == "commit")
+                except KafkaException as failed:
+                    if not failed.args[0].fatal():
+                        raise
+                    # The producer is done for (fenced, or an EndTxn answer it cannot recover from), and whether
+                    # the transaction committed only the coordinator knows: a new producer of the same id makes
+                    # it finish one way or the other, and stop() reads the topic to learn which.
+                    kind = "uncertain"
+                    self.uncertain.extend(numbers)
+                    transactional = self._transactional_producer()
             self.transactions[kind] += 1
             time.sleep(self.random.uniform(0, 2 * self.pause_s))
         plain.flush(30)
         transactional.flush(30)
+
+    def _transactional_producer(self) -> Producer:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
+                             "linger.ms": 5})
+        retrying(lambda: producer.init_transactions(30))
+        return producer
+
+    def _transaction(self, transactional: Producer, numbers: list[int], commit: bool) -> str:
+        """One transaction of `numbers`: "commit" when they became visible, "abort" when not."""
+        transactional.begin_transaction()
+        for number in numbers:
+            transactional.produce(self.topic, key=str(number % 5).encode(), value=str(number).encode())
+        if commit and self._commit(transactional):
+            self.committed.extend(numbers)
+            return "commit"
+        retrying(lambda: transactional.abort_transaction(30))
+        self.aborted.extend(numbers)
+        return "abort"
 
     @staticmethod
     def _commit(transactional: Producer) -> bool:
@@ -396,6 +356,12 @@ class InputFeeder(threading.Thread):
         assert not self.is_alive(), "the input feeder did not stop"
         if self.failure is not None:
             raise AssertionError(f"the input feeder failed: {self.failure!r}") from self.failure
+        if self.uncertain:
+            wait_until_stable(self.bootstrap, self.topic)
+            visible = {int(value) for value in read_values(self.bootstrap, self.topic)}
+            for number in self.uncertain:
+                (self.committed if number in visible else self.aborted).append(number)
+            self.uncertain = []
 
 
 def job_output(numbers: list[int]) -> Counter:

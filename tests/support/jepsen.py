@@ -39,7 +39,7 @@ Anomalies (the checker's counts; a correct broker and client give zero of each):
 - phantom: a value read that no transaction wrote.
 
 Faults come from a `FaultInjector`: the broker as a child process `kill -9`ed and restarted, and the fault proxy
-(support.tcp_proxy) between all clients and the broker dropping Produce, EndTxn and AddPartitionsToTxn answers,
+(sparkeos.chaos.proxy) between all clients and the broker dropping Produce, EndTxn and AddPartitionsToTxn answers,
 refusing connections for a while, delaying and splitting frames.
 """
 
@@ -61,9 +61,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sparkeos.broker import BrokerProcess
+from sparkeos.chaos.proxy import TcpProxy
+from sparkeos.ports import free_port
 from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, read_records
-from support.ports import free_port
-from support.tcp_proxy import TcpProxy
 
 log = logging.getLogger(__name__)
 

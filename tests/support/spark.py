@@ -14,6 +14,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sparkeos.spark import failpoints
 from sparkeos.verify import end_offsets
 
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
@@ -55,16 +56,13 @@ def arm_failpoint(name: str) -> Path:
 def arm_hold(name: str) -> set[Path]:
     """Make the next process that reaches failpoint `name` stop there (sparkeos.spark.failpoints); returns the
     holds taken so far, for `wait_held`."""
-    FAILPOINT_DIR.mkdir(parents=True, exist_ok=True)
-    known = set(FAILPOINT_DIR.glob(f"{name}.held-*"))
-    (FAILPOINT_DIR / f"{name}.hold").touch()
-    return known
+    return failpoints.arm_hold(FAILPOINT_DIR, name)
 
 
 def wait_held(name: str, known: set[Path], timeout_s: float) -> Path:
     """The hold a process took at failpoint `name` since `arm_hold` returned `known`; removing it releases the
     process."""
-    found = wait_for(lambda: set(FAILPOINT_DIR.glob(f"{name}.held-*")) - known, timeout_s, 0.05,
+    found = wait_for(lambda: failpoints.holds(FAILPOINT_DIR, name) - known, timeout_s, 0.05,
                      f"a process to stop at failpoint {name}")
     return found.pop()
 

@@ -18,17 +18,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from support.crash import (
-    TAG_VARIABLE,
-    command_line,
-    descendants,
-    environment_of,
-    kill_processes,
-    kill_tree,
-    process_tree,
-    wait_until_no_tagged_processes,
-)
-from support.ports import free_port
+from sparkeos.ports import free_port
+from sparkeos.processes import descendants, kill_processes, kill_tree, process_tree
+from support.crash import TAG_VARIABLE, command_line, environment_of, wait_until_no_tagged_processes
 from support.spark import wait_for
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"

@@ -112,8 +112,10 @@ class BrokerProcess:
             self.kill()
             raise RuntimeError(f"broker did not start: {[*self.announcements, line]!r}")
         self.bootstrap_servers = line[len(READY_PREFIX):].strip()
-        # Keep the port across restarts so clients can reconnect to the same address.
-        self.port = int(self.bootstrap_servers.rsplit(":", 1)[1])
+        # Keep the port across restarts so clients can reconnect to the same address. A port given stays: the ready
+        # line names the advertised address, which may be another's (a proxy's).
+        if not self.port:
+            self.port = int(self.bootstrap_servers.rsplit(":", 1)[1])
         return self
 
     def kill(self) -> None:

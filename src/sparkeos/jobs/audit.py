@@ -52,6 +52,10 @@ class AuditReport:
     def exact(self) -> bool:
         return self.output.exact and (self.dead_letter is None or self.dead_letter.exact)
 
+    def comparisons(self) -> list[tuple[str, Comparison]]:
+        """(name, comparison) of the output and of the dead-letter topic, if audited."""
+        return [("output", self.output)] + ([("dead letter", self.dead_letter)] if self.dead_letter else [])
+
     def summary(self) -> dict:
         report = {
             "expected": self.output.expected, "delivered": self.output.delivered, "missing": self.output.missing,
@@ -204,19 +208,46 @@ def _with_bootstrap(spec: JobSpec, bootstrap: str) -> JobSpec:
     return replace(spec, source=source, sink=replace(spec.sink, options=sink_options))
 
 
-def print_report(report: AuditReport, console=None) -> None:
-    from rich.console import Console
+def audit_table(report: AuditReport, title: str):
+    """The audit's counts as a table: a row for the output, one for the dead-letter topic."""
     from rich.table import Table
 
-    console = console or Console()
-    table = Table(title="sparkeos audit")
+    table = Table(title=title)
     for column in ("", "expected", "delivered", "missing", "duplicated", "unexpected"):
         table.add_column(column, justify="right")
-    rows = [("output", report.output)] + ([("dead letter", report.dead_letter)] if report.dead_letter else [])
-    for name, c in rows:
+    for name, c in report.comparisons():
         table.add_row(name, str(c.expected), str(c.delivered), str(c.missing), str(c.duplicated), str(c.unexpected))
-    console.print(table)
-    for name, c in rows:
-        for kind, samples in c.samples.items():
-            console.print(f"{name} {kind}: " + "; ".join(samples))
+    return table
+
+
+def sample_lines(report: AuditReport) -> list[str]:
+    """One line per kind of difference found, with its samples."""
+    return [f"{name} {kind}: " + "; ".join(samples)
+            for name, c in report.comparisons() for kind, samples in c.samples.items()]
+
+
+def audit_in_this_process(spec: JobSpec, bootstrap: str, input_topic: str, output: str | None,
+                          dead_letter_topic: str | None, log, app_name: str) -> AuditReport:
+    """`audit` in a local Spark session of its own, started and stopped here; its JVM logs to `log`, not through the
+    tables on the terminal (the demo's and `sparkeos chaos`'s)."""
+    import sparkeos.spark
+
+    from .quiet import children_stderr_to, with_quiet_jvm_start
+
+    config = with_quiet_jvm_start({**SESSION_CONFIG, "spark.log.level": "ERROR"})
+    with children_stderr_to(log):
+        spark = sparkeos.spark.session(app_name, master="local[2]", config=config)
+    try:
+        return audit(spark, spec, bootstrap, input_topic, output, dead_letter_topic)
+    finally:
+        spark.stop()
+
+
+def print_report(report: AuditReport, console=None) -> None:
+    from rich.console import Console
+
+    console = console or Console()
+    console.print(audit_table(report, "sparkeos audit"))
+    for line in sample_lines(report):
+        console.print(line)
     console.print("[bold green]exact[/]" if report.exact else "[bold red]NOT exact[/]")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..metrics import MetricsExporter
+from ..processes import kill_tree
 from ..spark.metric_events import METRICS_DIR_ENV, QUERY_PROGRESS, emit
 from ..spark.workers import worker_python
 from .console import RunConsole, snapshot
@@ -323,9 +324,10 @@ class Supervisor:
             self._stderr_pump = None
 
     def kill_driver(self) -> None:
-        """kill -9 of the whole driver: Python, its JVM, its Python workers."""
+        """kill -9 of the whole driver: Python, its JVM, its Python workers (pyspark's daemon among them, in a process
+        group of its own)."""
         if self.driver is not None and self.driver.poll() is None:
-            os.killpg(self.driver.pid, signal.SIGKILL)
+            kill_tree(self.driver.pid)
             self.driver.wait()
         self._drain_stderr()
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .errors import store_error
+
+T = TypeVar("T")
 
 DEFAULT_TOPIC = "_schemas"
 
@@ -24,6 +26,10 @@ Record = tuple[dict[str, Any], dict[str, Any] | None]
 # ("Purging 1 unserved events from background queue" when a client closes) describe its internals, and would
 # reach the terminal of every command that runs the registry.
 QUIET = {"log_level": 4}
+# What librdkafka answers a request whose connection was lost in flight, and, while it has not yet fetched the
+# metadata again, one about a partition it does not know yet: each is asked again until the log's timeout.
+TRANSIENT = {KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER, KafkaError._TIMED_OUT_QUEUE,
+             KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 
 
 class KafkaSchemaLog:
@@ -92,9 +98,9 @@ class KafkaSchemaLog:
     def read_new(self) -> Iterator[tuple[int, Record]]:
         """(offset, record) for every record after the last one read, up to the current end of the topic."""
         assert self._consumer is not None, "open() first"
-        _, high = self._consumer.get_watermark_offsets(self._partition, timeout=self.timeout, cached=False)
-        position = self._position()
         deadline = time.monotonic() + self.timeout
+        high = self._high_watermark(deadline)
+        position = self._position()
         while position < high:
             if time.monotonic() > deadline:
                 raise store_error(f"could not read {self.topic} up to offset {high} within {self.timeout:.0f} s")
@@ -112,6 +118,17 @@ class KafkaSchemaLog:
                 continue  # not a registry record; ignore rather than refuse to start
             yield message.offset(), (key, _decode(message.value()))
 
+    def _high_watermark(self, deadline: float) -> int:
+        """The topic's end, asked again after a connection lost with the request in flight (a broker coming back
+        from a crash, the network between): librdkafka reconnects, but answers that one request with an error, and
+        the next ones with an unknown partition until it has the metadata again."""
+        try:
+            _, high = _asked_again(lambda left: self._consumer.get_watermark_offsets(
+                self._partition, timeout=left, cached=False), deadline)
+        except KafkaException as exc:
+            raise store_error(f"could not find the end of {self.topic}: {exc.args[0].str()}") from None
+        return high
+
     def _position(self) -> int:
         assert self._consumer is not None
         [partition] = self._consumer.position([self._partition])
@@ -127,12 +144,27 @@ class KafkaSchemaLog:
             replication_factor=-1,
             config={"cleanup.policy": "compact", "retention.ms": "-1", "retention.bytes": "-1"},
         )
-        future = admin.create_topics([topic], operation_timeout=self.timeout, request_timeout=self.timeout)[self.topic]
+
+        def create(left: float) -> None:
+            future = admin.create_topics([topic], operation_timeout=left, request_timeout=left)[self.topic]
+            try:
+                future.result(timeout=left)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+        _asked_again(create, time.monotonic() + self.timeout)
+
+
+def _asked_again(ask: Callable[[float], T], deadline: float) -> T:
+    """``ask(seconds left)``, again after each TRANSIENT error until ``deadline``; then its error is raised."""
+    while True:
         try:
-            future.result(timeout=self.timeout)
+            return ask(max(deadline - time.monotonic(), 0.1))
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            if exc.args[0].code() not in TRANSIENT or time.monotonic() > deadline:
                 raise
+        time.sleep(0.1)
 
 
 def _encode(document: dict[str, Any]) -> bytes:

@@ -37,6 +37,18 @@ def register(spark: SparkSession) -> SparkSession:
     return spark
 
 
+def sink_data_source(format_name: str) -> type:
+    """The data source class of the sparkeos sink of format ``format_name``."""
+    from .files.datasource import FilesDataSource
+    from .kafka.datasource import KafkaDataSource
+    from .postgres.datasource import PostgresDataSource
+
+    sources = {source.name(): source for source in (FilesDataSource, KafkaDataSource, PostgresDataSource)}
+    if format_name not in sources:
+        raise ValueError(f"unknown sink format {format_name!r}: sparkeos sinks are {', '.join(sorted(sources))}")
+    return sources[format_name]
+
+
 def session(
     app_name: str = "sparkeos", master: str | None = None, config: dict[str, str] | None = None,
     low_latency: bool = False,

@@ -128,14 +128,9 @@ def abort_query(sink: TwoPhaseCommitSink, query: str, older_than_s: float,
 def sink_operator(format_name: str, options: dict[str, str]) -> SinkOperator:
     """``sparkeos sinks`` for the sink of format ``format_name`` at the target its ``options`` name (as
     ``writeStream.option`` takes them)."""
-    from .files.datasource import FilesDataSource
-    from .kafka.datasource import KafkaDataSource
-    from .postgres.datasource import PostgresDataSource
+    from . import sink_data_source
 
-    sources = {source.name(): source for source in (FilesDataSource, KafkaDataSource, PostgresDataSource)}
-    if format_name not in sources:
-        raise ValueError(f"unknown sink format {format_name!r}: sparkeos sinks knows {', '.join(sorted(sources))}")
-    return sources[format_name].operator(options)
+    return sink_data_source(format_name).operator(options)
 
 
 def _age(work: PendingWork, now: datetime) -> str:

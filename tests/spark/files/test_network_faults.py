@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from sparkeos.chaos.network import SOURCE_AND_DRIVER_FAULTS
 from sparkeos.verify import assert_exactly_once
 from support.file_sink import output_rows, output_values, row_problems, staged_files
-from support.network_faults import SOURCE_AND_DRIVER_FAULTS, faulty_pipeline
+from support.network_faults import faulty_pipeline
 
 
 @pytest.mark.timeout(600)

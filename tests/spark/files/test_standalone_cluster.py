@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from sparkeos.ports import free_port
 from sparkeos.verify import assert_exactly_once
 from support.crash import (
     Driver,
@@ -37,7 +38,6 @@ from support.file_sink import (
     staging_entries,
 )
 from support.pipeline_job import STOPPED_LINE
-from support.ports import free_port
 from support.spark import create_topic, unique, wait_for
 from support.standalone_cluster import (
     StandaloneCluster,

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from sparkeos.ports import free_port
 from sparkeos.verify import assert_exactly_once, end_offsets
 from support.crash import Driver, caught_up, committed_batches, file_pipeline_job_args, wait_until_stable
 from support.file_sink import (
@@ -39,7 +40,6 @@ from support.file_sink import (
     staging_entries,
 )
 from support.pipeline_job import STOPPED_LINE
-from support.ports import free_port
 from support.spark import arm_failpoint, clear_failpoints, create_topic, fired, produce, unique, wait_for
 from support.standalone_cluster import StandaloneCluster
 

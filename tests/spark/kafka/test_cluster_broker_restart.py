@@ -22,13 +22,13 @@ import pytest
 from confluent_kafka import KafkaException
 
 from sparkeos.broker import EmbeddedBroker
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.spark.client_cache import ClientCallStuck
 from sparkeos.spark.kafka.cluster import KafkaCluster
 from sparkeos.spark.kafka.options import parse_sink_options
 from sparkeos.spark.kafka.sink.protocol import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter
 from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
 from support.spark import commit_sink_batch, create_topic, produce, unique
-from support.tcp_proxy import TcpProxy
 
 TRIES = 2
 SECONDS_DOWN = 1.5

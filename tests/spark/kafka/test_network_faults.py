@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from sparkeos.chaos.network import SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS
 from sparkeos.verify import assert_exactly_once, read_values
-from support.network_faults import SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, faulty_pipeline
+from support.network_faults import faulty_pipeline
 from support.spark import create_topic, unique
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from sparkeos.broker import EmbeddedBroker
+from sparkeos.ports import free_port
+from sparkeos.processes import descendants
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import assert_exactly_once, count_records, read_records, read_values
 from support import apache_kafka
-from support.crash import Driver, command_line, descendants, pipeline_job_args
-from support.ports import free_port
+from support.crash import Driver, command_line, pipeline_job_args
 from support.spark import (
     CLIENT_CACHE_TIMEOUT_S,
     arm_failpoint,

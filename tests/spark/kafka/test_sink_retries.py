@@ -17,12 +17,12 @@ from confluent_kafka import KafkaException
 from pyspark import TaskContext
 
 from sparkeos.broker.embedded import EmbeddedBroker
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.spark.kafka.options import parse_sink_options
 from sparkeos.spark.kafka.sink import protocol, without_transactions
 from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
 from sparkeos.verify import assert_exactly_once, read_values
 from support.spark import create_topic
-from support.tcp_proxy import TcpProxy
 from support.wire import WireClient
 
 PRODUCE = 0

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import TaskContext
 
+from sparkeos.ports import free_port
 from sparkeos.spark import gc_pause
 from sparkeos.spark.gc_pause import cyclic_gc_paused
 from sparkeos.spark.kafka.cluster import learn_topic
@@ -20,7 +21,6 @@ from sparkeos.spark.kafka.source import range_reader
 from sparkeos.spark.kafka.source.offsets import DataLossError
 from sparkeos.spark.kafka.source.planner import KafkaRange
 from sparkeos.spark.kafka.source.range_reader import read_range
-from support.ports import free_port
 
 
 @pytest.fixture

@@ -17,31 +17,14 @@ import uuid
 
 import pytest
 
+from sparkeos.chaos.network import DATABASE_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
+from sparkeos.chaos.proxy import TcpProxy
 from sparkeos.verify import assert_exactly_once
 from support.crash import committed_batches
-from support.network_faults import SOURCE_AND_DRIVER_FAULTS, Fault, FaultInjector, faulty_pipeline
+from support.network_faults import faulty_pipeline
 from support.pipeline_job import RUNNING_PREFIX
 from support.postgres import prepared_transactions
 from support.spark import wait_for
-from support.tcp_proxy import TcpProxy
-
-
-def counted(name: str, counter: str, arm) -> Fault:
-    """A PostgreSQL fault, armed by `arm(proxy)`, that took effect once the proxy's `counter` grew."""
-    seen: list[int] = []
-
-    def inject(proxy: TcpProxy) -> None:
-        seen[:] = [proxy.counters()[counter]]
-        arm(proxy)
-
-    return Fault(name, inject, lambda proxy: proxy.counters()[counter] > seen[0])
-
-
-DATABASE_FAULTS = (
-    counted("connection cut mid-COPY", "cuts_within", lambda proxy: proxy.cut_within(b"COPY ")),
-    counted("PREPARE answer withheld", "answers_withheld",
-            lambda proxy: proxy.withhold_answer_after(b"PREPARE TRANSACTION")),
-)
 
 
 @pytest.mark.timeout(600)

@@ -208,6 +208,7 @@ public final class KafkaCheck {
             producer.commitTransaction();
         }
 
+        waitUntilStable(List.of(a, b));
         List<ConsumerRecord<String, String>> committed = readToEnd("read_committed", List.of(a, b));
         expectValues(only(committed, topicA), committedA(true), "read_committed " + topicA);
         expectValues(only(committed, topicB), series("committed-b-", 5), "read_committed " + topicB);
@@ -263,6 +264,7 @@ public final class KafkaCheck {
         } finally {
             zombie.close(Duration.ofSeconds(5));
         }
+        waitUntilStable(List.of(partition));
         expectValues(readToEnd("read_committed", List.of(partition)), List.of("successor-0"),
                 "read_committed after fencing");
         List<String> stored = values(readToEnd("read_uncommitted", List.of(partition)));
@@ -359,6 +361,7 @@ public final class KafkaCheck {
         for (String value : series("in-", 10)) {
             expected.add("out-" + value);
         }
+        waitUntilStable(List.of(outputPartition));
         expectValues(readToEnd("read_committed", List.of(outputPartition)), expected, "read_committed output");
         expect(readToEnd("read_uncommitted", List.of(outputPartition)).size() == 20,
                 "the output log should hold the aborted and the committed attempt (20 records)");
@@ -420,6 +423,25 @@ public final class KafkaCheck {
 
     private KafkaConsumer<String, String> groupConsumer(String group, String isolation) {
         return consumer(isolation, group);
+    }
+
+    /**
+     * Kafka writes a transaction's markers after it answered EndTxn, so a read_committed reader right after a commit
+     * can stop at the last stable offset short of the committed records: wait until it reaches the high watermark.
+     */
+    private void waitUntilStable(Collection<TopicPartition> partitions) throws InterruptedException {
+        long deadline = System.nanoTime() + WAIT.toNanos();
+        while (true) {
+            Map<TopicPartition, Long> stable = endOffsets("read_committed", partitions);
+            Map<TopicPartition, Long> high = endOffsets("read_uncommitted", partitions);
+            if (stable.equals(high)) {
+                return;
+            }
+            if (System.nanoTime() > deadline) {
+                throw new CheckFailed("last stable offsets " + stable + " did not reach the high watermarks " + high);
+            }
+            Thread.sleep(50);
+        }
     }
 
     private Map<TopicPartition, Long> endOffsets(String isolation, Collection<TopicPartition> partitions) {

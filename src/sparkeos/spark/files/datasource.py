@@ -16,6 +16,20 @@ class FilesDataSource(TwoPhaseCommitDataSource):
     def name(cls) -> str:
         return "sparkeos.files"
 
+    visible_output_unit = "files"
+
+    @classmethod
+    def visible_output(cls, options: dict[str, str]) -> int:
+        """The data files a reader of the directory ``options`` name lists (none under a ``_`` or ``.`` name)."""
+        from pyarrow import fs as pafs
+
+        from ...locations import open_location
+
+        filesystem, root = open_location(parse_file_sink_options(options).path)
+        listed = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        return sum(1 for info in listed if info.type == pafs.FileType.File
+                   and not any(part.startswith(("_", ".")) for part in info.path[len(root):].split("/")))
+
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> FileSink:
         """The sink at the directory ``options`` name, for ``sparkeos sinks``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceWriter
 from pyspark.sql.types import StructType
 
@@ -17,6 +19,42 @@ from .source.schema import source_schema
 
 
 class KafkaDataSource(DataSource):
+    # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: a task committed its transaction
+    # and Spark has not logged the batch as committed. `sparkeos chaos` kills the driver there.
+    half_committed_step = "sink.after_commit"
+    visible_output_unit = "offsets"
+
+    @classmethod
+    def visible_output(cls, options: dict[str, str]) -> int:
+        """How far read_committed readers can read the topic ``options`` name: its last stable offsets, summed (the
+        records, and the markers of the transactions among them). Its client logs nothing: a caller counting while
+        the cluster is away is told by the exception."""
+        from ...verify import end_offsets
+
+        lowered = {k.lower(): v for k, v in options.items()}
+        return sum(end_offsets(lowered["kafka.bootstrap.servers"], lowered["topic"], timeout_s=5,
+                               config={"log_level": 0}).values())
+
+    @classmethod
+    def left_pending(cls, options: dict[str, str], settle_s: float = 10.0) -> list[str]:
+        """The transactions left open on the topic ``options`` name, in words: the partitions whose last stable
+        offset stays below the high watermark for ``settle_s`` (a transaction's marker lands just after its commit or
+        abort is acknowledged). An open transaction holds read_committed readers at its first offset until the
+        broker times it out."""
+        from ...verify import READ_UNCOMMITTED, end_offsets
+
+        lowered = {k.lower(): v for k, v in options.items()}
+        bootstrap, topic = lowered["kafka.bootstrap.servers"], lowered["topic"]
+        deadline = time.monotonic() + settle_s
+        while True:
+            stable = end_offsets(bootstrap, topic, config={"log_level": 0})
+            high = end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED, config={"log_level": 0})
+            held = sorted(p for p, offset in high.items() if stable.get(p, 0) < offset)
+            if not held or time.monotonic() >= deadline:
+                return [f"a transaction open on {topic} partition {p}: read_committed readers stop at offset "
+                        f"{stable.get(p, 0)} of {high[p]}" for p in held]
+            time.sleep(0.2)
+
     @classmethod
     def name(cls) -> str:
         return "sparkeos.kafka"

@@ -32,6 +32,19 @@ class PostgresDataSource(TwoPhaseCommitDataSource):
     def name(cls) -> str:
         return "sparkeos.postgres"
 
+    visible_output_unit = "rows"
+
+    @classmethod
+    def visible_output(cls, options: dict[str, str]) -> int:
+        """The rows of the table ``options`` name, as any client counts them."""
+        import psycopg
+        from psycopg import sql
+
+        parsed = parse_postgres_sink_options(options)
+        table = sql.Identifier(*([parsed.table.schema] if parsed.table.schema else []), parsed.table.name)
+        with psycopg.connect(parsed.url, connect_timeout=5) as connection:
+            return connection.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
+
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> PostgresSink:
         """The sink of the table ``options`` name, for ``sparkeos sinks``."""

@@ -24,6 +24,9 @@ class TwoPhaseCommitDataSource(DataSource):
     says, which is then required."""
 
     read_hint = "read what it wrote with the reader of its store"
+    # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: its decision recorded, its first
+    # transaction committed and the others not yet. `sparkeos chaos` kills the driver there.
+    half_committed_step = "2pc.between_commits"
     batch_writer: type[TwoPhaseCommitBatchWriter] = TwoPhaseCommitBatchWriter
 
     @classmethod
@@ -37,6 +40,13 @@ class TwoPhaseCommitDataSource(DataSource):
         from ..pending_work import TwoPhaseCommitOperator
 
         return TwoPhaseCommitOperator(cls.operator_sink(options))
+
+    @classmethod
+    def left_pending(cls, options: dict[str, str]) -> list[str]:
+        """What the sink at the target ``options`` name holds neither published nor discarded (``sparkeos sinks
+        pending``), in words."""
+        return [f"{work.kind} {work.name} of query {work.query}, batch {work.batch}"
+                + (" (decided)" if work.decided else "") for work in cls.operator(options).list_pending()]
 
     @abstractmethod
     def sink(self, schema: StructType) -> TwoPhaseCommitSink:

@@ -1,5 +1,5 @@
-"""A TCP port on 127.0.0.1 that nothing listens on when it is returned: for a server a test starts, or for a
-client that must find nothing there."""
+"""A TCP port on 127.0.0.1 that nothing listens on when it is returned: for a server to start there, or for a client
+that must find nothing there."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A TCP proxy for tests that injects network faults between Kafka clients and a broker.
+"""A TCP proxy that injects network faults between Kafka clients and a broker (`sparkeos chaos` and the tests).
 
 Clients connect to the proxy, which forwards every byte to the broker and back. It follows the Kafka framing in
 both directions (a size prefix, then the request header with API key and correlation id, or the response header

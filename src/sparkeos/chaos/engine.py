@@ -1,0 +1,397 @@
+"""The chaos run: the job in its sandbox, input fed while faults are injected on a seeded schedule, then the job left
+to catch up, stopped cleanly and audited against its own transformation.
+
+1. Start the sandbox (sandbox.py) and the job's driver, with its restart strategy (`sparkeos run`'s supervisor), and
+   feed input at an even rate.
+2. Once the job committed its first batch, inject each chosen kind of fault when the seeded schedule says, for the
+   fault period and until every chosen kind struck at least once; a driver is killed only once it has committed a
+   batch of its own, so that kills cannot starve the job.
+3. Stop feeding, and wait until the query's checkpoint shows it processed all of the input.
+4. Stop the driver cleanly and audit the output, read as an independent reader reads it: missing, duplicated and
+   unexpected records, with samples.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from ..jobs.audit import AuditReport, audit_in_this_process
+from ..jobs.runner import Supervisor
+from ..jobs.spec import JobSpec
+from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
+from ..spark import failpoints, sink_data_source
+from .faults import NETWORK_FAULTS, Schedule
+from .input import InputGenerator, produce_with_retry
+from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
+from .report import ChaosReport, Event, Sample
+from .sandbox import Sandbox, start_sandbox
+
+# The run's own clients say nothing: their complaints of a broker the run killed are expected, and what matters shows
+# in delivery reports and the run's checks.
+SILENT_CLIENT = {"log_level": 0}
+TICK_S = 0.1
+SAMPLE_EVERY_S = 1.0
+HOLD_WAIT_S = 60  # how long an armed mid-commit kill waits for a batch to reach its half-committed step
+FEED_CHUNKS_PER_S = 2
+UNTIL_EACH_KIND_S = 600  # how much longer than the fault period a run waits for a kind that has not struck yet
+
+
+@dataclass
+class ChaosSettings:
+    faults: dict[str, float]
+    seed: int = 1
+    rate: int = 100  # input records a second
+    fault_period_s: float = 120.0
+    partitions: int = 2
+    # Tasks retried as on a cluster (spark.task.maxFailures 4): a local master otherwise fails the query at the first
+    # failed task, which a network fault is.
+    master: str = "local[2,4]"
+    timeout_s: float = 900.0
+    workdir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the job's driver
+
+
+def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injected: dict[str, int],
+                  unrecovered: int) -> bool:
+    """Whether the run stops feeding: past the fault period, once every chosen kind struck and the job committed a
+    batch after each fault (its recovery; a batch needs input), or in any case UNTIL_EACH_KIND_S later."""
+    if now < faults_end:
+        return False
+    return (all(injected.get(kind) for kind in chosen) and not unrecovered) or now > faults_end + UNTIL_EACH_KIND_S
+
+
+class Feeder(threading.Thread):
+    """Produces input at `rate` records a second until stopped, idempotently (a broker killed under it loses
+    nothing); `stop()` returns once every record is acknowledged or failed."""
+
+    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator, rate: int):
+        super().__init__(name="chaos-input", daemon=True)
+        self.topic, self.generator, self.rate = topic, generator, rate
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                                  "compression.type": "lz4", **SILENT_CLIENT})
+        self.acknowledged = 0
+        self.failed: list[str] = []
+        self.stopping = threading.Event()
+
+    def _delivered(self, error, _message) -> None:
+        if error is None:
+            self.acknowledged += 1
+        else:
+            self.failed.append(str(error))
+
+    def run(self) -> None:
+        try:
+            started = time.monotonic()
+            chunk = 0
+            while not self.stopping.is_set():
+                target = self.rate * (chunk + 1) // FEED_CHUNKS_PER_S - self.rate * chunk // FEED_CHUNKS_PER_S
+                first = self.generator.produced + 1
+                for number, value in enumerate(self.generator.batch(target), start=first):
+                    # Each record keyed by its own number: librdkafka sends the keyless records of a short burst to
+                    # one partition, and a batch of one partition has one transaction, never half committed.
+                    produce_with_retry(self.producer, self.topic, value, self._delivered, key=str(number).encode())
+                self.producer.poll(0)
+                chunk += 1
+                self.stopping.wait(max(started + chunk / FEED_CHUNKS_PER_S - time.monotonic(), 0))
+            while self.producer.flush(5):
+                pass
+        except BaseException as error:  # reported with the run
+            self.failed.append(repr(error))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+
+class ChaosRun:
+    """One run; `run()` returns its report. `on_tick` sees the report as it grows (the live console)."""
+
+    def __init__(self, job_file: Path, settings: ChaosSettings, on_tick: Callable[[ChaosReport], None] | None = None):
+        self.job_file = Path(job_file)
+        self.settings = settings
+        self.on_tick = on_tick or (lambda _report: None)
+        self.workdir = settings.workdir or Path(tempfile.mkdtemp(prefix="sparkeos-chaos-"))
+        self.failpoints = self.workdir / "failpoints"
+        self.started = time.monotonic()
+        self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
+        self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
+                                  workdir=str(self.workdir))
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.started, 2)
+
+    def event(self, kind: str, detail: str = "") -> Event:
+        happened = Event(self.elapsed(), kind, detail)
+        self.report.events.append(happened)
+        return happened
+
+    def run(self) -> ChaosReport:
+        sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
+                                self.settings.seed)
+        self.report.sandbox = dict(sandbox.endpoints)
+        self.report.job_name = sandbox.spec.name
+        supervisor = None
+        try:
+            supervisor = self._drive(sandbox)
+            supervisor.stop()
+            self.event("stopped", "the driver stopped cleanly")
+            self.report.leftovers = left_pending(sandbox.spec)
+            self.report.audit = audit_sandbox(sandbox, self.workdir / "audit.log")
+        finally:
+            if supervisor is not None:
+                supervisor.kill_driver()
+            sandbox.stop()
+        self.report.seconds = self.elapsed()
+        return self.report
+
+    def _drive(self, sandbox: Sandbox) -> Supervisor:
+        settings = self.settings
+        checkpoint = self.workdir / "checkpoint"
+        generator = InputGenerator(sandbox.spec, settings.seed, sandbox.endpoints.get("schema registry"),
+                                   sandbox.topics.input)
+        env = {failpoints.ENV: str(self.failpoints), **settings.env}
+        supervisor = Supervisor(str(sandbox.job_path), master=settings.master, env=env,
+                                log_file=self.workdir / "driver.log")
+        sink = sink_data_source(sandbox.spec.sink.format)
+        step = sink.half_committed_step
+        self.report.output_unit = sink.visible_output_unit
+
+        def visible_output() -> int | None:
+            try:
+                return sink.visible_output(sandbox.spec.sink.options)
+            except Exception:  # noqa: BLE001 - the store is down (a fault), or has nothing yet
+                return None
+
+        lag = LagCluster({"bootstrap.servers": sandbox.bootstrap, **SILENT_CLIENT}, timeout_s=10)
+        feeder = Feeder(sandbox.bootstrap, sandbox.topics.input, generator, settings.rate)
+        schedule: Schedule | None = None  # drawn once the job committed its first batch
+        supervisor.start_driver()
+        self.event("started", f"driver on {settings.master}")
+        feeder.start()
+        faults_end = float("inf")
+        deadline = self.started + settings.timeout_s
+        batches_at_start = committed_batch(checkpoint)
+        armed: tuple[set, float] | None = None  # a mid-commit kill waiting for its moment: known holds, since when
+        recovering = self.recovering
+        injectors: dict[str, FaultInjector] = {}  # network faults, each kind on a thread of its own
+        next_sample = 0.0
+        while True:
+            now = time.monotonic()
+            committed = committed_batch(checkpoint)
+            code = supervisor.driver.poll() if supervisor.driver else None
+            if code is not None:
+                self.event("driver-exit", f"the driver exited with {code} on its own")
+                if armed is not None:  # a hold its processes took died with them
+                    self._give_up_hold(schedule, step, now, "the driver exited")
+                    armed = None
+                if not self._restart(supervisor):
+                    break
+                batches_at_start = committed_batch(checkpoint)
+            if armed is not None:
+                held = failpoints.holds(self.failpoints, step) - armed[0]
+                if held:
+                    armed = None
+                    if not self._kill_driver(supervisor, schedule, "driver-kill-mid-commit",
+                                             f"at {step}, batch {committed}", committed, now, release=held):
+                        break
+                    batches_at_start = committed_batch(checkpoint)
+                elif now - armed[1] > HOLD_WAIT_S:
+                    self._give_up_hold(schedule, step, now, f"no batch reached {step} within {HOLD_WAIT_S} s")
+                    armed = None
+            if schedule is None and committed is not None:
+                schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
+                                    settings.seed, now)
+                injectors = self._start_network_faults(sandbox, checkpoint)
+                faults_end = now + settings.fault_period_s
+                self.event("faults", f"from the first committed batch, for {settings.fault_period_s:.0f} s")
+            for kind in [k for k in injectors if now >= faults_end and self.report.injected.get(k)]:
+                self._stop_injector(injectors.pop(kind))
+            if schedule is not None and not feeder.stopping.is_set() and input_may_end(
+                    now, faults_end, settings.faults, self.report.injected, len(recovering)):
+                feeder.stop()
+                self.event("input-end", f"{feeder.acknowledged} records fed")
+            if schedule is not None and not feeder.stopping.is_set():
+                own_batch = committed is not None and (batches_at_start is None or committed > batches_at_start)
+                for due in schedule.due_now(now):
+                    if now >= faults_end and self.report.injected.get(due):
+                        continue  # past the fault period, only kinds that have not struck yet go on
+                    # A driver is killed once it committed a batch of its own (else kills could starve the job, or
+                    # strike the recovery of the last kill again and again), and not while a mid-commit kill waits
+                    # for its moment (the hold would die with this driver).
+                    if due == "driver-kill" and own_batch and armed is None:
+                        if not self._kill_driver(supervisor, schedule, due, f"batch {committed} committed last",
+                                                 committed, now):
+                            break
+                        batches_at_start = committed_batch(checkpoint)
+                    elif due == "driver-kill-mid-commit" and own_batch and armed is None:
+                        armed = (failpoints.arm_hold(self.failpoints, step), now)
+                        schedule.due[due] = float("inf")  # drawn again once the kill happened or was given up
+                    elif due == "broker-kill" or (due == "postgres-crash" and sandbox.postgres is not None):
+                        server = sandbox.stack if due == "broker-kill" else sandbox.postgres
+                        outage = schedule.outage_s()
+                        recovering.append((self.fault(due, f"down {outage:.1f} s"), committed))
+                        server.crash()
+                        time.sleep(outage)
+                        server.start()
+                        schedule.done(due, time.monotonic())
+                    else:
+                        continue
+                    break
+                if self.report.gave_up:
+                    break
+            elif armed is not None:
+                self._disarm(step)
+                armed = None
+            self.note_recoveries(committed)
+            if now >= next_sample:
+                next_sample = now + SAMPLE_EVERY_S
+                caught_up = self._sample(lag, checkpoint, feeder, supervisor, committed, visible_output())
+                self.on_tick(self.report)
+                if caught_up and feeder.stopping.is_set():
+                    # The batch that caught up may have committed after this tick read the commit log.
+                    self.note_recoveries(committed_batch(checkpoint))
+                    self.event("caught-up", f"all {feeder.acknowledged} records processed")
+                    break
+            if now > deadline:
+                self.report.timed_out = True
+                self.event("timed-out", f"the job had not processed all input after {settings.timeout_s:.0f} s")
+                break
+            time.sleep(TICK_S)
+        self._disarm(step)
+        for injector in injectors.values():
+            self._stop_injector(injector)
+        feeder.stop()
+        self.report.input_records = feeder.acknowledged
+        self.report.corrupt_records = generator.corrupt
+        self.report.feed_errors = feeder.failed[:5]
+        self.report.restarts = supervisor.restarts
+        return supervisor
+
+    def note_recoveries(self, committed: int | None) -> None:
+        """Each fault the job committed a batch after, `committed` the last, has recovered: its time is noted."""
+        for fault, before in list(self.recovering):
+            if committed is not None and (before is None or committed > before):
+                self.report.recovery_s.setdefault(fault.kind, []).append(round(self.elapsed() - fault.at, 2))
+                self.recovering.remove((fault, before))
+
+    def _kill_driver(self, supervisor: Supervisor, schedule: Schedule, kind: str, detail: str, committed: int | None,
+                     now: float, release: set[Path] = frozenset()) -> bool:
+        """The fault `kind`: kill -9 of the driver, then the holds in `release` let go and the driver restarted; False
+        when the restart strategy gives up."""
+        self.recovering.append((self.fault(kind, detail), committed))
+        supervisor.kill_driver()
+        for hold in release:
+            hold.unlink(missing_ok=True)
+        schedule.done(kind, now)
+        return self._restart(supervisor)
+
+    def _start_network_faults(self, sandbox: Sandbox, checkpoint: Path) -> dict[str, FaultInjector]:
+        """A thread per chosen kind of network fault, each injecting one fault at a time through its proxy; after a
+        fault took effect, the next waits until the job committed another batch (faults that fail a task would
+        otherwise fail every retry of it)."""
+        chosen = {"network-kafka": (sandbox.kafka_proxy, SOURCE_AND_DRIVER_FAULTS + (
+                      SINK_FAULTS if sandbox.spec.sink.is_kafka else ())),
+                  "network-postgres": (sandbox.postgres_proxy, DATABASE_FAULTS)}
+        injectors = {}
+        for number, (kind, (proxy, faults)) in enumerate(chosen.items()):
+            if kind not in self.settings.faults or proxy is None:
+                continue
+            mean = self.settings.faults[kind]
+
+            def took_effect(name: str, kind: str = kind) -> None:
+                self.recovering.append((self.fault(kind, name), committed_batch(checkpoint)))
+
+            injectors[kind] = FaultInjector(proxy, faults, self.settings.seed + number, (0.5 * mean, 1.5 * mean),
+                                            progress=lambda: committed_batch(checkpoint) or -1, on_effect=took_effect)
+            injectors[kind].start()
+        return injectors
+
+    def _stop_injector(self, injector: FaultInjector) -> None:
+        try:
+            injector.stop()
+        except AssertionError as failed:  # the injector's own failure: the run proved less than it claims
+            self.report.fault_errors.append(str(failed))
+
+    def _disarm(self, step: str) -> None:
+        """No process stops at `step` any more, and those stopped there go on."""
+        failpoints.disarm_hold(self.failpoints, step)
+        for hold in failpoints.holds(self.failpoints, step):
+            hold.unlink(missing_ok=True)
+
+    def _give_up_hold(self, schedule: Schedule, step: str, now: float, why: str) -> None:
+        self._disarm(step)
+        self.report.missed["driver-kill-mid-commit"] = self.report.missed.get("driver-kill-mid-commit", 0) + 1
+        self.event("missed", why)
+        schedule.done("driver-kill-mid-commit", now)
+
+    def fault(self, kind: str, detail: str) -> Event:
+        self.report.injected[kind] = self.report.injected.get(kind, 0) + 1
+        return self.event(kind, detail)
+
+    def _restart(self, supervisor: Supervisor) -> bool:
+        """Restart the driver as its restart strategy says; False when the strategy gives up."""
+        delay = supervisor.next_delay()
+        if delay is None:
+            self.report.gave_up = f"the job's restart strategy ({supervisor.strategy.describe()}) allowed no more " \
+                                  f"restarts after {supervisor.restarts}"
+            self.event("gave-up", self.report.gave_up)
+            return False
+        supervisor.restart(delay)
+        self.event("restart", f"after {delay:.1f} s")
+        return True
+
+    def _sample(self, lag: LagCluster, checkpoint: Path, feeder: Feeder, supervisor: Supervisor,
+                committed: int | None, output: int | None) -> bool:
+        """Record where the job is; True when its checkpoint shows all the input acknowledged so far processed."""
+        processed = latest = None
+        try:
+            rows = checkpoint_report(lag, str(checkpoint)).partitions
+            processed = sum(row.processed or 0 for row in rows)
+            latest = sum(row.latest for row in rows)
+        except Exception:  # noqa: BLE001 - a broker restarting, nothing planned yet
+            pass
+        self.report.samples.append(Sample(self.elapsed(), feeder.acknowledged, processed,
+                                          None if latest is None or processed is None else latest - processed,
+                                          committed, supervisor.restarts, output))
+        return processed is not None and latest is not None and processed >= feeder.acknowledged and latest == processed
+
+
+def committed_batch(checkpoint: Path) -> int | None:
+    """The last batch in the query's commit log, if any."""
+    try:
+        batches = CheckpointFiles(str(checkpoint)).batches("commits")
+    except LagError:
+        return None
+    return batches[-1] if batches else None
+
+
+def left_pending(spec: JobSpec) -> list[str]:
+    """What the job's sink holds neither published nor discarded, in words (each sink's data source says): after a
+    clean stop, nothing."""
+    return sink_data_source(spec.sink.format).left_pending(spec.sink.options)
+
+
+def audit_sandbox(sandbox: Sandbox, log: Path) -> AuditReport:
+    """`sparkeos audit` of the sandboxed job, in this process; its Spark JVM logs to `log`."""
+    return audit_in_this_process(sandbox.spec, sandbox.bootstrap, sandbox.topics.input, sandbox.topics.output,
+                                 sandbox.topics.dead_letter, log, "sparkeos-chaos-audit")
+
+
+def run_chaos(job_file: Path, settings: ChaosSettings,
+              on_tick: Callable[[ChaosReport], None] | None = None) -> ChaosReport:
+    """Run `job_file` under the faults of `settings` and audit it; the work directory is removed afterwards unless
+    `settings.workdir` names one."""
+    chaos = ChaosRun(job_file, settings, on_tick)
+    try:
+        return chaos.run()
+    finally:
+        if settings.workdir is None:
+            shutil.rmtree(chaos.workdir, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""The faults `sparkeos chaos` injects, how `--faults` names them, and the seeded schedule they follow.
+
+`--faults driver-kill=40s,broker-kill` selects kinds, each with the mean time between two of its faults (the
+kind's default when left out). The schedule is drawn from one seed: the same seed, job and machine give the same
+faults in the same order (their moments follow the job's own progress, which no seed fixes).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from ..jobs.spec import POSTGRES_SINK, JobSpec
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    name: str
+    what: str  # what it does, in the words of `sparkeos chaos --help` and the report
+    mean_interval_s: float  # the default mean time between two faults of the kind
+    needs: str | None = None  # what the job must have for the kind to apply: "postgres"
+
+
+KINDS = {kind.name: kind for kind in (
+    FaultKind("driver-kill", "kill -9 of the Spark driver (its JVM and Python workers with it) at a random moment, "
+                             "then a restart by the job's restart strategy", 30.0),
+    FaultKind("driver-kill-mid-commit", "kill -9 of the driver while a batch is half committed: some of its "
+                                        "transactions committed, others not yet", 45.0),
+    FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0),
+    FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
+                               "answer withheld after the broker applied the request (Fetch, ListOffsets, Metadata, "
+                               "Produce, AddPartitionsToTxn, TxnOffsetCommit, EndTxn), connections refused for 2 s "
+                               "(also mid-commit), 30 ms of latency, frames split into pieces", 10.0),
+    FaultKind("network-postgres", "a network fault between Spark and PostgreSQL through the run's proxy: a "
+                                  "connection cut mid-COPY, the answer to PREPARE TRANSACTION withheld", 15.0,
+              needs="postgres"),
+    FaultKind("postgres-crash", "PostgreSQL stopped at once (pg_ctl stop -m immediate: prepared transactions "
+                                "survive in its WAL), restarted after a random outage of up to 5 s", 40.0,
+              needs="postgres"),
+)}
+NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
+MAX_OUTAGE_S = 5.0
+_FAULT = re.compile(r"(?P<kind>[a-z-]+)(=(?P<seconds>\d+(\.\d+)?)s?)?")
+
+
+class FaultError(ValueError):
+    """`--faults` names something that cannot be done to this job."""
+
+
+def applicable(spec: JobSpec) -> list[str]:
+    """The kinds that apply to the job: all but those needing a part it does not have."""
+    parts = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
+    return [name for name, kind in KINDS.items() if kind.needs is None or kind.needs in parts]
+
+
+def parse_faults(text: str | None, spec: JobSpec) -> dict[str, float]:
+    """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given."""
+    kinds = applicable(spec)
+    if text is None:
+        return {name: KINDS[name].mean_interval_s for name in kinds}
+    chosen: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        match = _FAULT.fullmatch(item)
+        if not match or match["kind"] not in KINDS:
+            raise FaultError(f"unknown fault {item!r}: --faults takes KIND[=SECONDS] items separated by commas, "
+                             f"KIND one of {', '.join(KINDS)}")
+        name = match["kind"]
+        if name not in kinds:
+            raise FaultError(f"fault {name} does not apply to this job: it needs a {KINDS[name].needs} sink")
+        if name in chosen:
+            raise FaultError(f"fault {name} is given twice in --faults")
+        seconds = float(match["seconds"]) if match["seconds"] else KINDS[name].mean_interval_s
+        if seconds <= 0:
+            raise FaultError(f"fault {name}: the time between faults must be more than 0 s (got {item!r})")
+        chosen[name] = seconds
+    return chosen
+
+
+class Schedule:
+    """When each kind's next fault is due: intervals drawn uniformly between half and one and a half of the kind's
+    mean, from one seeded generator."""
+
+    def __init__(self, faults: dict[str, float], seed: int, start: float):
+        self.random = random.Random(seed)
+        self.faults = dict(faults)
+        self.due = {name: start + self._interval(name) for name in sorted(self.faults)}
+
+    def _interval(self, name: str) -> float:
+        return self.random.uniform(0.5, 1.5) * self.faults[name]
+
+    def due_now(self, now: float) -> list[str]:
+        """The kinds whose faults are due, the most overdue first."""
+        return [name for at, name in sorted((at, name) for name, at in self.due.items() if at <= now)]
+
+    def done(self, name: str, now: float) -> None:
+        """The kind's fault happened (or was given up): its next is drawn from now."""
+        self.due[name] = now + self._interval(name)
+
+    def outage_s(self) -> float:
+        return self.random.uniform(0, MAX_OUTAGE_S)

@@ -1,0 +1,148 @@
+"""Where `sparkeos chaos` runs a job: a sandbox of processes it started itself, so that every process it kills is
+its own. The embedded broker with its schema registry, a PostgreSQL server when the job writes to one, and a work
+directory for the checkpoint and a file sink's output. The job file is copied with its endpoints pointed there,
+nothing else changed; the production endpoints it names are never contacted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ..jobs.quiet import librdkafka_log_level
+from ..jobs.spec import EXACT_FILE_SINK, FILE_SINKS, POSTGRES_SINK, JobSpec, load_job
+from ..ports import free_port
+from ..stack import StackProcess
+from .postgres import PostgresServer
+from .proxy import TcpProxy
+
+QUIET_CLIENT = {"log_level": librdkafka_log_level("WARNING")}
+OUTPUT_PARTITIONS = 2
+
+
+class SandboxError(ValueError):
+    """The job cannot run in the sandbox as it is written; the message says why and what to change."""
+
+
+@dataclass
+class Topics:
+    input: str
+    output: str | None  # a Kafka sink's
+    dead_letter: str | None
+
+
+@dataclass
+class Sandbox:
+    """The sandbox's processes; `job_path` is the job file pointed at them."""
+
+    workdir: Path
+    stack: StackProcess
+    postgres: PostgresServer | None
+    job_path: Path
+    spec: JobSpec
+    topics: Topics
+    endpoints: dict[str, str] = field(default_factory=dict)
+    kafka_proxy: TcpProxy | None = None  # the broker advertises it: every client's connection runs through it
+    postgres_proxy: TcpProxy | None = None  # between the job and PostgreSQL
+
+    @property
+    def bootstrap(self) -> str:
+        return self.stack.bootstrap_servers
+
+    def stop(self) -> None:
+        try:
+            self.stack.stop()
+        finally:
+            for proxy in (self.kafka_proxy, self.postgres_proxy):
+                if proxy is not None:
+                    proxy.stop()
+            if self.postgres is not None:
+                self.postgres.destroy()
+
+
+def check_runnable(spec: JobSpec) -> str:
+    """The job's one input topic; SandboxError for what the sandbox cannot run."""
+    subscribe = spec.source.get("subscribe")
+    if not subscribe or "," in subscribe:
+        named = ", ".join(f"{k}: {v}" for k, v in spec.source.items()
+                          if k in ("subscribe", "subscribePattern", "assign"))
+        raise SandboxError(f"sparkeos chaos feeds one input topic: the job's source must name it with subscribe "
+                           f"(found {named})")
+    if spec.sink.format in FILE_SINKS:
+        raise SandboxError(f"the job writes with Spark's {spec.sink.format} sink, exact only for readers of its "
+                           f"_spark_metadata: sparkeos chaos audits what any reader sees; use {EXACT_FILE_SINK}")
+    if spec.sink.format == POSTGRES_SINK and str(spec.sink.options.get("createTable", "")).lower() != "true":
+        raise SandboxError("the sandbox's PostgreSQL starts empty: the job must create its table (sink option "
+                           "createTable: true)")
+    return subscribe
+
+
+def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[str, float] | None = None,
+                  seed: int = 0) -> Sandbox:
+    """Start the sandbox's processes and write the job file pointed at them into `workdir`; the proxies the network
+    faults among `faults` need go in front of the broker and PostgreSQL."""
+    spec = load_job(job_file)
+    input_topic = check_runnable(spec)
+    document = yaml.safe_load(Path(job_file).read_text())
+    workdir.mkdir(parents=True, exist_ok=True)
+    faults = faults or {}
+    kafka_proxy = TcpProxy(seed=seed).start() if "network-kafka" in faults else None
+    extra = []
+    port = 0
+    if kafka_proxy is not None:
+        port = free_port()
+        kafka_proxy.target = ("127.0.0.1", port)
+        extra = ["--advertised-listener", kafka_proxy.address]
+    stack = StackProcess(workdir / "broker", port=port, schema_registry=spec.format.type == "avro",
+                         extra_args=extra).start()
+    postgres = postgres_proxy = None
+    try:
+        endpoints = {"Kafka": stack.bootstrap_servers}
+        if kafka_proxy is not None:
+            endpoints["Kafka"] = f"{kafka_proxy.address} (the run's proxy, in front of the broker on 127.0.0.1:{port})"
+        document["source"]["kafka.bootstrap.servers"] = stack.bootstrap_servers
+        if spec.format.type == "avro":
+            # Inline: a schema file named relative to the job file would not be found beside the copy.
+            document["format"].update(registry=stack.schema_registry_url, schema=spec.format.schema)
+            endpoints["schema registry"] = stack.schema_registry_url
+        sink = document["sink"]
+        options = sink.setdefault("options", {}) or {}
+        sink["options"] = options
+        if spec.sink.is_kafka:
+            if "kafka.bootstrap.servers" in options:
+                options["kafka.bootstrap.servers"] = stack.bootstrap_servers
+        elif spec.sink.format == EXACT_FILE_SINK:
+            sink["path"] = str(workdir / "output")
+            endpoints["files"] = sink["path"]
+        elif spec.sink.format == POSTGRES_SINK:
+            postgres = PostgresServer().start()
+            options["url"] = postgres.url()
+            endpoints["PostgreSQL"] = postgres.url()
+            if "network-postgres" in faults:
+                postgres_proxy = TcpProxy(target_port=postgres.port, kafka_framing=False, seed=seed + 1).start()
+                options["url"] = f"postgresql://postgres@{postgres_proxy.address}/postgres"
+                endpoints["PostgreSQL"] = (f"{options['url']} (the run's proxy, in front of the server on "
+                                           f"127.0.0.1:{postgres.port})")
+        document["checkpoint"] = str(workdir / "checkpoint")
+        job_path = workdir / "job.yaml"
+        job_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        sandboxed = load_job(job_path)
+        topics = Topics(input_topic, sandboxed.sink.options.get("topic") if sandboxed.sink.is_kafka else None,
+                        sandboxed.bad_records.topic if sandboxed.bad_records.policy == "dead-letter" else None)
+        _create_topics(stack.bootstrap_servers, topics, partitions)
+        return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy)
+    except BaseException:
+        Sandbox(workdir, stack, postgres, job_file, spec, Topics(input_topic, None, None), {}, kafka_proxy,
+                postgres_proxy).stop()
+        raise
+
+
+def _create_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
+    new = [NewTopic(topics.input, partitions)]
+    new += [NewTopic(name, OUTPUT_PARTITIONS) for name in (topics.output, topics.dead_letter) if name]
+    for future in admin.create_topics(new).values():
+        future.result(30)

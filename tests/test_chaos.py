@@ -1,0 +1,293 @@
+"""`sparkeos chaos`: every example job of examples/ run under every kind of fault that applies to it, as a user runs
+the command after a plain install (the runtime-only virtualenv), reports exact; a deliberately broken sink is reported
+inexact, with samples; bad input is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkeos.chaos import KINDS, ChaosRunFailed, FaultError, parse_faults, run
+from sparkeos.chaos.engine import FEED_CHUNKS_PER_S, UNTIL_EACH_KIND_S, Feeder, input_may_end, left_pending
+from sparkeos.chaos.faults import Schedule, applicable
+from sparkeos.chaos.input import InputGenerator, ddl_fields
+from sparkeos.chaos.report import ChaosReport, report_from_json
+from sparkeos.jobs.spec import load_job, parse_job
+from sparkeos.verify import iter_records
+from support.browser import rendered_dom
+from support.runtime_only import runtime_environment
+from support.spark import create_topic, unique, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+BROKEN_SINK = Path(__file__).parent / "support" / "broken_files_sink"
+CHAOS_TIMEOUT_S = 600
+# Short intervals, so that each kind strikes within the short fault period of a test.
+# A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
+# as a kill does.
+TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "broker-kill": 10, "postgres-crash": 20,
+                  "network-kafka": 4, "network-postgres": 4}
+
+
+def chaos(python: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-m", "sparkeos", "chaos", str(job), *args], capture_output=True, text=True,
+                          timeout=CHAOS_TIMEOUT_S, env={**runtime_environment(python), **(env or {})})
+
+
+def last_json(result: subprocess.CompletedProcess) -> dict:
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"no output (exit {result.returncode}):\n{result.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+def check_html_report(page: Path, report: dict) -> None:
+    """The page as Chromium renders it shows the verdict, the timeline with a mark for each fault and the audit's
+    numbers (plotly draws the timeline from the page's inlined script: nothing shows unless it ran)."""
+    dom = rendered_dom(page)
+    verdict = re.search(r'<p class="verdict" id="verdict">([^<]*)</p>', dom)
+    assert verdict and verdict.group(1) == ("exact" if report["exact"] else "NOT exact")
+    assert dom.count('class="main-svg"') >= 1, "the timeline was not drawn"
+    legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom)
+    assert {"input fed", "input processed", f"output visible ({report['output_unit']})"} <= set(legend), legend
+    marks = re.findall(r'class="annotation-text"[^>]*>([^<]*)<', dom)
+    for kind, count in report["injected"].items():
+        assert marks.count(kind) == count, (kind, count, marks)
+    audit = re.search(r'<div id="audit">.*?<td>output</td>((?:<td>\d+</td>){5})', dom)
+    assert audit, "no audit table"
+    assert [int(n) for n in re.findall(r"\d+", audit.group(1))] == [
+        report[k] for k in ("expected", "delivered", "missing", "duplicated", "unexpected")]
+
+
+def faults_argument(job: Path) -> str:
+    return ",".join(f"{kind}={TEST_INTERVALS[kind]}" for kind in applicable(load_job(job)))
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python, tmp_path, example):
+    job = EXAMPLES / example
+    faults = faults_argument(job)
+    page = tmp_path / "chaos.html"
+    result = chaos(runtime_python, job, "--faults", faults, "--duration", "15", "--rate", "60", "--seed", "7",
+                   "--json", "--workdir", str(tmp_path / "work"), "--report", str(page))
+    report = last_json(result)
+    log = (tmp_path / "work" / "driver.log").read_text(errors="replace")[-3000:]
+    assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}\n{log}"
+    assert report["exact"] and not report["problems"], report
+    assert report["expected"] == report["delivered"] > 0
+    assert report["missing"] == report["duplicated"] == report["unexpected"] == 0
+    assert report["input_records"] >= 15 * 60
+    # Every chosen kind struck at least once, and the job recovered from each blow.
+    assert set(report["injected"]) == {item.split("=")[0] for item in faults.split(",")}, report
+    assert report["restarts"] >= report["injected"]["driver-kill"] + report["injected"]["driver-kill-mid-commit"]
+    assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
+    assert "the run's proxy, in front of the broker" in report["sandbox"]["Kafka"]
+    if load_job(job).bad_records.policy == "dead-letter":
+        assert report["dead_lettered"] == report["corrupt_records"] > 0
+    check_html_report(page, report)
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_a_sink_that_publishes_a_recommitted_batch_twice_is_reported_inexact_with_samples(runtime_python, tmp_path):
+    """The broken sink (support/broken_files_sink) publishes by copying: when the next driver finishes a decision that
+    a killed driver left half committed, the part committed before the kill is published twice."""
+    job = EXAMPLES / "people-files.yaml"
+    environment = {"PYTHONPATH": str(BROKEN_SINK)}
+    page = tmp_path / "chaos.html"
+    # The shortest fault period: the one kind goes on until it struck once, and one such kill is all it takes.
+    result = chaos(runtime_python, job, "--faults", "driver-kill-mid-commit=5", "--duration", "1", "--rate",
+                   "60", "--json", "--workdir", str(tmp_path / "work"), "--report", str(page), env=environment)
+    report = last_json(result)
+    assert result.returncode == 1, report
+    assert not report["exact"] and report["injected"]["driver-kill-mid-commit"] >= 1, report
+    assert report["duplicated"] > 0 and report["missing"] == 0, report
+    assert report["samples"]["duplicated"], report
+    assert "NOT exact" in result.stderr and "output duplicated" in result.stderr
+    check_html_report(page, report)
+    assert "<b>output duplicated</b>" in rendered_dom(page)
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_the_python_api_runs_a_job_built_in_code_with_the_users_own_function(tmp_path):
+    """A test of the user's own pipeline: the job as a dict, its transformation a function of theirs
+    (support/chaos_pipeline.py, found through this process's sys.path); the report comes back as an object."""
+    document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
+    document["transforms"] = [{"python": "support.chaos_pipeline:adults_in_capitals"}]
+    # One kind that needs no driver restart keeps the run short: what the engine does under each kind is the
+    # examples' test above; this one is about the API.
+    report = run(document, faults={"broker-kill": 5}, duration_s=1, rate=60, seed=3, workdir=tmp_path / "work")
+    assert report.exact, (report.problems, report.audit and report.audit.summary())
+    assert report.audit.output.delivered == report.audit.output.expected > 0
+    assert set(report.injected) == {"broker-kill"}
+    assert report_from_json(report.to_json()).to_json() == report.to_json()
+    with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
+        run(document, faults="meteor-strike")
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--faults", "meteor-strike"], "unknown fault 'meteor-strike'"),
+    (["--faults", "postgres-crash"], "fault postgres-crash does not apply to this job: it needs a postgres sink"),
+    (["--faults", "broker-kill,broker-kill=3"], "fault broker-kill is given twice"),
+    (["--faults", "driver-kill=0"], "must be more than 0 s"),
+    (["--duration", "0"], "--duration must be more than 0 seconds"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(runtime_python, arguments, message):
+    result = chaos(runtime_python, EXAMPLES / "people-json.yaml", *arguments)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_jobs_the_sandbox_cannot_run_are_refused_with_the_reason(runtime_python, tmp_path):
+    document = yaml.safe_load((EXAMPLES / "people-files.yaml").read_text())
+    document["sink"] = {"format": "parquet", "path": str(tmp_path / "out")}
+    spark_sink = tmp_path / "spark-sink.yaml"
+    spark_sink.write_text(yaml.safe_dump(document))
+    result = chaos(runtime_python, spark_sink)
+    assert result.returncode == 2 and "exact only for readers of its _spark_metadata" in result.stderr
+
+    document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
+    document["source"]["subscribe"] = "people-a,people-b"
+    two_topics = tmp_path / "two-topics.yaml"
+    two_topics.write_text(yaml.safe_dump(document))
+    result = chaos(runtime_python, two_topics)
+    assert result.returncode == 2 and "feeds one input topic" in result.stderr and "people-a,people-b" in result.stderr
+
+
+def test_the_default_faults_are_every_kind_that_applies_to_the_job():
+    kafka, postgres = load_job(EXAMPLES / "people-json.yaml"), load_job(EXAMPLES / "people-postgres.yaml")
+    assert set(parse_faults(None, kafka)) == set(KINDS) - {"postgres-crash", "network-postgres"}
+    assert set(parse_faults(None, postgres)) == set(KINDS)
+    assert parse_faults("driver-kill=7.5s,broker-kill", kafka) == {"driver-kill": 7.5, "broker-kill": 40.0}
+    with pytest.raises(FaultError, match="KIND one of driver-kill, driver-kill-mid-commit"):
+        parse_faults("driver-kill:5", kafka)
+
+
+def test_one_seed_gives_one_schedule_and_another_seed_another():
+    faults = {"driver-kill": 10.0, "broker-kill": 20.0}
+
+    def draws(seed: int) -> list:
+        schedule = Schedule(faults, seed, start=0.0)
+        moments = []
+        for now in range(0, 200):
+            for kind in schedule.due_now(float(now)):
+                moments.append((now, kind, round(schedule.outage_s(), 3)))
+                schedule.done(kind, float(now))
+        return moments
+
+    assert draws(5) == draws(5)
+    assert draws(5) != draws(6)
+    assert {kind for _now, kind, _outage in draws(5)} == set(faults)
+
+
+def test_input_goes_on_until_the_job_committed_a_batch_after_every_fault():
+    """A fault's recovery is the time to the job's next committed batch, and a batch needs input: had the input ended
+    right after a kill, the restarted driver would have nothing to commit and the kill no recovery."""
+    chosen = {"driver-kill": 15.0, "broker-kill": 10.0}
+    struck = {"driver-kill": 2, "broker-kill": 1}
+    assert not input_may_end(now=99.0, faults_end=100.0, chosen=chosen, injected=struck, unrecovered=0)
+    assert not input_may_end(now=101.0, faults_end=100.0, chosen=chosen, injected={"driver-kill": 2},
+                             unrecovered=0)
+    assert not input_may_end(now=101.0, faults_end=100.0, chosen=chosen, injected=struck, unrecovered=1)
+    assert input_may_end(now=101.0, faults_end=100.0, chosen=chosen, injected=struck, unrecovered=0)
+    # A kind that never strikes, or a job that never recovers, does not hold the run forever.
+    late = 100.0 + UNTIL_EACH_KIND_S + 1
+    assert input_may_end(now=late, faults_end=100.0, chosen=chosen, injected={"driver-kill": 2}, unrecovered=1)
+
+
+def test_generated_input_follows_the_jobs_format(tmp_path):
+    assert ddl_fields("id INT, `full name` STRING, tags ARRAY<STRING>, price DECIMAL(10, 2)") == [
+        ("id", "int"), ("full name", "string"), ("tags", "array<string>"), ("price", "decimal(10,")]
+    spec = parse_job({"name": "j", "source": {"kafka.bootstrap.servers": "x:1", "subscribe": "in"},
+                      "format": {"type": "json", "schema": "id INT, name STRING, age INT"},
+                      "sink": {"topic": "out"}, "checkpoint": str(tmp_path), "bad_records": {"policy": "skip"}})
+    generator = InputGenerator(spec, seed=3, registry_url=None, topic="in")
+    values = generator.batch(1000)
+    decoded = [json.loads(v) for v in values if not v.startswith(b"\x00")]
+    assert len(decoded) == 998 and generator.corrupt == 2
+    assert [row["id"] for row in decoded[:3]] == [1, 2, 3]
+    assert 0 < sum(row["age"] >= 18 for row in decoded) < len(decoded)
+    assert {len(row["name"]) for row in decoded} >= {1, 18, 20}
+    assert InputGenerator(spec, seed=3, registry_url=None, topic="in").batch(1000) == values
+    assert InputGenerator(spec, seed=4, registry_url=None, topic="in").batch(1000) != values
+
+
+def test_the_feeder_spreads_each_chunk_over_the_partitions(broker, tmp_path):
+    """A batch of one partition has one transaction, which is never half committed: were a chunk's records to go
+    to one partition, a job that keeps up with the feeder would give a mid-commit kill no moment to strike."""
+    spec = parse_job({"name": "j", "source": {"kafka.bootstrap.servers": "x:1", "subscribe": "in"},
+                      "format": {"type": "json", "schema": "id INT, name STRING, age INT"},
+                      "sink": {"topic": "out"}, "checkpoint": str(tmp_path), "bad_records": {"policy": "fail"}})
+    topic = create_topic(broker.bootstrap_servers, unique("chaos-input"), partitions=2)
+    feeder = Feeder(broker.bootstrap_servers, topic, InputGenerator(spec, seed=3, registry_url=None, topic=topic),
+                    rate=60)
+    feeder.start()
+    wait_for(lambda: feeder.acknowledged >= 30 or feeder.failed, timeout_s=30, what="the first chunk")
+    feeder.stop()
+    assert not feeder.failed
+    chunk = 60 // FEED_CHUNKS_PER_S
+    first_chunk = Counter(record.partition for record in iter_records(broker.bootstrap_servers, topic)
+                          if json.loads(record.value)["id"] <= chunk)
+    assert sum(first_chunk.values()) == chunk and len(first_chunk) == 2, first_chunk
+
+
+def test_work_a_sink_left_pending_after_the_clean_stop_makes_the_run_inexact(tmp_path):
+    """A clean stop leaves nothing pending: a pre-committed transaction, or a decision not yet carried out, left in the
+    store afterwards holds resources for good, whatever the audit of the output says."""
+    import pyarrow as pa
+
+    from sparkeos.spark.files.datasource import FilesDataSource
+    from sparkeos.spark.two_phase_commit import TaskAttempt
+
+    spec = load_job(EXAMPLES / "people-files.yaml")
+    options = {**spec.sink.options, "path": str(tmp_path / "out")}
+    spec = replace(spec, sink=replace(spec.sink, options=options))
+    assert left_pending(spec) == []
+    sink = FilesDataSource.operator_sink(options)
+    sink.prepare()
+    task = TaskAttempt("q-left", 4, 0, "attempt-1")
+    transaction = sink.begin_transaction(task)
+    sink.invoke(transaction, pa.record_batch({"id": pa.array([1], pa.int32()), "name": ["Ada"], "age": pa.array(
+        [36], pa.int32()), "country": ["UK"]}))
+    sink.pre_commit(transaction, task)
+    left = left_pending(spec)
+    assert len(left) == 1 and "q-left" in left[0] and "batch 4" in left[0], left
+    report = ChaosReport(job="j", seed=1, faults_chosen={}, workdir=str(tmp_path), leftovers=left)
+    assert any("left pending after the clean stop" in problem and "q-left" in problem for problem in report.problems)
+    assert report_from_json(report.to_json()).leftovers == left
+
+
+def test_a_transaction_left_open_on_a_kafka_sinks_topic_is_left_pending(broker):
+    """The Kafka sink's tasks commit their own transactions: what one can leave is a transaction open on the topic,
+    which holds read_committed readers at its first offset until the broker times it out. Nothing later need show it
+    to an audit of the output."""
+    from confluent_kafka import Producer
+
+    topic = create_topic(broker.bootstrap_servers, unique("chaos-out"), partitions=2)
+    spec = load_job(EXAMPLES / "people-json.yaml")
+    options = {**spec.sink.options, "kafka.bootstrap.servers": broker.bootstrap_servers, "topic": topic}
+    spec = replace(spec, sink=replace(spec.sink, options=options))
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": unique("left-open")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"committed", partition=0)
+    producer.commit_transaction(30)
+    assert left_pending(spec) == []
+    producer.begin_transaction()
+    producer.produce(topic, b"left open", partition=1)
+    producer.flush(30)
+    left = left_pending(spec)
+    assert len(left) == 1 and f"{topic} partition 1" in left[0], left
+    producer.abort_transaction(30)
+    assert left_pending(spec) == []
+
+
+def test_the_html_report_marks_every_kind_of_fault():
+    from sparkeos.chaos.html import FAULT_COLOURS
+
+    assert set(FAULT_COLOURS) == set(KINDS)
