@@ -4,6 +4,7 @@ an error naming the problem; it never falls back to something that loses or dupl
 
 from __future__ import annotations
 
+import textwrap
 import uuid
 
 import pytest
@@ -186,6 +187,143 @@ def test_a_batch_write_run_again_under_its_write_id_adds_nothing(spark, broker, 
     with pytest.raises(Exception, match="option 'writeId' applies to batch writes"):
         (spark.readStream.format("rate").load().writeStream.format(f"sparkeos.{sink}").option("writeId", "x")
          .option("checkpointLocation", str(tmp_path / "ck")).start().processAllAvailable())
+
+
+@pytest.mark.parametrize("sink", ["files", "postgres"])
+def test_a_batch_write_that_failed_before_its_decision_is_published_whole_when_run_again(spark, request, tmp_path,
+                                                                                         sink):
+    """The failed run's abort recorded that it published nothing (for its tasks still running to see): the run
+    again under the same writeId writes a batch of its own and publishes all, and a third run adds nothing."""
+    from support.spark import arm_failpoint, clear_failpoints, fired
+
+    frame = spark.range(0, 100, numPartitions=2).selectExpr("id AS n")
+    if sink == "files":
+        import pyarrow.dataset as ds
+
+        path = tmp_path / "out"
+        writer = frame.write.format("sparkeos.files").mode("append").option("path", str(path))
+
+        def written() -> list[int]:
+            table = ds.dataset(str(path), format="parquet").to_table()  # no file yet: no column either
+            return sorted(table["n"].to_pylist()) if "n" in table.column_names else []
+    else:
+        from sparkeos.spark.postgres.datasource import PostgresDataSource
+
+        postgres = request.getfixturevalue("postgres")
+        spark.dataSource.register(PostgresDataSource)
+        table = f"t_{uuid.uuid4().hex[:10]}"
+        writer = (frame.write.format("sparkeos.postgres").mode("append").option("url", postgres.url())
+                  .option("dbtable", table).option("createTable", "true"))
+
+        def written() -> list[int]:
+            with postgres.connect() as connection:
+                return sorted(n for (n,) in connection.execute(f"SELECT n FROM {table}"))
+    writer = writer.option("writeId", f"load-{uuid.uuid4().hex[:6]}")
+    clear_failpoints()
+    arm_failpoint("2pc.task_pre_committed")
+    try:
+        with pytest.raises(Exception, match="failpoint"):
+            writer.save()
+        assert fired("2pc.task_pre_committed")
+    finally:
+        clear_failpoints()
+    assert written() == []
+    writer.save()
+    assert written() == list(range(100)), "the run after a failed one did not publish the write"
+    writer.save()
+    assert written() == list(range(100)), "a third run added rows"
+
+
+def test_a_run_that_commits_after_another_run_of_its_write_id_aborted_the_batch_fails_publishing_nothing(tmp_path):
+    """Two runs of one writeId at once (a job submitted twice): one fails, and its abort closes the batch both
+    write. The other's commit then finds that decision: it must fail, not report a write that published nothing."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from sparkeos.spark.files.datasource import FilesDataSource
+    from sparkeos.spark.two_phase_commit import Handle, PreCommitted
+
+    options = {"path": str(tmp_path / "out"), "writeId": "load-9"}
+    schema = StructType([StructField("n", LongType())])
+    first, second = (FilesDataSource(options).writer(schema, False) for _ in range(2))
+    assert (first.batch, second.batch) == (0, 0)
+    first.abort([])
+    handle = Handle("0-0-attempt", 0, 0, 10)
+    with pytest.raises(RuntimeError, match="another run of writeId load-9 failed while this one ran.*Run the write "
+                                           "again"):
+        second.commit([PreCommitted(second.query, 0, 0, handle)])
+    assert FilesDataSource(options).writer(schema, False).batch == 1
+
+
+STRAGGLER_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    import sparkeos.spark
+    from sparkeos.spark import failpoints
+    from support.spark import wait_tasks_ended
+    format_name, options, hold = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    # Spark kills the Python worker of a cancelled task after killTimeout: raised, so that the held task outlives
+    # the driver's abort, as a task slower than that (a loaded executor) does.
+    spark = sparkeos.spark.session("straggler", master="local[2]",
+                                   config={"spark.ui.enabled": "false", "spark.python.task.killTimeout": "10min"})
+    frame = spark.range(0, 20, numPartitions=2).selectExpr("id AS n")
+    try:
+        frame.write.format(format_name).mode("append").options(**options).save()
+        sys.exit("the write did not fail")
+    except Exception as exc:
+        if "failpoint 2pc.task_pre_committed fired" not in str(exc):
+            raise
+    held = failpoints.holds(Path(os.environ["SPARKEOS_FAILPOINT_DIR"]), hold)
+    assert len(held) == 1, f"no task held at {hold}: {held}"
+    held.pop().unlink()
+    wait_tasks_ended(spark)
+    spark.stop()
+    """
+)
+
+
+# Held where the driver's listing cannot see the task yet: a files task's staging directory exists from its begin
+# (a PostgreSQL task that begins after the abort finds the batch decided and writes nothing); a PostgreSQL task's
+# prepared transaction exists from its pre-commit.
+@pytest.mark.parametrize(("sink", "hold"), [("files", "2pc.task_beginning"), ("postgres", "2pc.task_pre_committing")])
+def test_a_task_that_pre_commits_after_a_failed_batch_writes_abort_aborts_itself(request, tmp_path, sink, hold):
+    """A batch write failed (one task failed) while another task still ran: the driver's abort cleaned up, then the
+    straggler pre-committed. A write has no later batch to abort it, so the straggler must: it would otherwise
+    leave a staged directory, or a prepared transaction holding its slot and row locks, until an operator aborts
+    it. Counted by each sink's own listing of what it holds pending (``sparkeos sinks pending``)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sparkeos.spark import failpoints
+    from sparkeos.spark.files.datasource import FilesDataSource
+    from sparkeos.spark.postgres.datasource import PostgresDataSource
+
+    if sink == "files":
+        source, options = FilesDataSource, {"path": str(tmp_path / "out")}
+    else:
+        source = PostgresDataSource
+        options = {"url": request.getfixturevalue("postgres").url(), "dbtable": f"t_{uuid.uuid4().hex[:10]}",
+                   "createTable": "true"}
+    failpoint_dir = tmp_path / "failpoints"
+    failpoints.arm_hold(failpoint_dir, hold)
+    (failpoint_dir / "2pc.task_pre_committed").touch()
+    script = tmp_path / "straggler.py"
+    script.write_text(STRAGGLER_SCRIPT)
+    tests = str(Path(__file__).parents[1])
+    env = {**os.environ, "SPARKEOS_FAILPOINT_DIR": str(failpoint_dir), "PYSPARK_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, str(script), source.name(), json.dumps(options), hold], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (failpoint_dir / "2pc.task_pre_committed.fired").exists()
+    assert source.left_pending(options) == []
+    assert source.visible_output(options) == 0
 
 
 def _numbers_sink(spark, broker, request, tmp_path, sink):

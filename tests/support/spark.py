@@ -67,6 +67,16 @@ def wait_held(name: str, known: set[Path], timeout_s: float) -> Path:
     return found.pop()
 
 
+def wait_tasks_ended(spark, timeout_s: float = 120.0) -> None:
+    """Until no task of the session's jobs runs: a failed job's stage ends with it, while the tasks Spark cancelled
+    may run on (Spark kills their Python workers only after spark.python.task.killTimeout); they still count as
+    its active tasks."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [stage for job in tracker.getJobIdsForGroup() for stage in tracker.getJobInfo(job).stageIds]
+    wait_for(lambda: not sum(info.numActiveTasks for info in map(tracker.getStageInfo, stages) if info is not None),
+             timeout_s, 0.1, "the cancelled tasks to end")
+
+
 def fired(name: str) -> bool:
     return (FAILPOINT_DIR / f"{name}.fired").exists()
 

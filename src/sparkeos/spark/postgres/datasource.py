@@ -10,16 +10,13 @@ from .sink import PostgresSink
 
 
 class PostgresBatchWriter(TwoPhaseCommitBatchWriter):
-    """A write without a writeId is never run again under its write id: its end drops its decision. One with a
-    writeId keeps it, so that the write run again finds it and writes nothing twice."""
+    """A write without a writeId is never run again under its write id: its commit drops its decision. One with a
+    writeId keeps it, so that the write run again finds it and writes nothing twice. A failed write keeps the
+    decision its abort recorded: a task Spark cancelled may still run, and aborts what it prepares once it reads
+    that decision."""
 
     def commit(self, messages: list) -> None:
         super().commit(messages)
-        if self.write_id is None:
-            self.sink.forget(self.query)
-
-    def abort(self, messages: list) -> None:
-        super().abort(messages)
         if self.write_id is None:
             self.sink.forget(self.query)
 

@@ -675,7 +675,8 @@ class PostgresDecisionLog(DecisionLog):
         # INSERT of the same key under way, then finds its row.
         connection = self.connection or self.sink._driver_connection()
         with connection.transaction():
-            self._check_not_fenced(connection, decision)
+            if decision.handles:  # one without handles publishes nothing: a failed batch write's (protocol.py)
+                self._check_not_fenced(connection, decision)
             inserted = self._execute("INSERT INTO {} (query, batch, handles) VALUES (%s, %s, %s) ON CONFLICT DO "
                                      "NOTHING RETURNING batch",
                                      [self.key, decision.batch, Jsonb([h.to_json() for h in decision.handles])])

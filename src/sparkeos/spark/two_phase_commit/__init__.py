@@ -54,10 +54,14 @@ What it needs from a sink: pre-committed work that survives the task and the dri
 transaction), named by its attempt's handle id; a commit and an abort that can be repeated, the abort finding by that
 id whatever the attempt left; and a decision log whose ``record`` is atomic and never replaces a decision.
 
-Batch writes (``df.write``) run the same protocol with B = 0 and Q ``write-<id>``, the id the option ``writeId``
-names or one drawn once per write. A write has no later batch to finish a decision it failed after: its ``abort``
-finishes it (steps 4-7), so a failed write is never left half published. Run again under the same ``writeId``, a
-write finds its decision and publishes nothing more.
+Batch writes (``df.write``) run the same protocol with Q ``write-<id>``, the id the option ``writeId`` names or
+one drawn once per write, and B = 0. A write has no later batch to finish a decision it failed after, nor to abort
+what a task Spark cancelled pre-commits after the driver listed: its ``abort`` records a decision without handles
+unless one holds, then runs steps 4-7; and each task of a write, after step 3, reads its batch's decision and
+aborts what it pre-committed if a decision exists without its handle (the driver records before it lists, the task
+reads after it pre-commits, so one of the two sees the other). A failed write is thus never left half published,
+nor holding pre-committed work. Run again under the same ``writeId``, a write whose decision published writes
+nothing more; one whose earlier runs failed writes the batch after theirs (B = their last + 1).
 """
 
 

@@ -48,8 +48,9 @@ class AttemptAborted(RuntimeError):
     """The driver aborted this task attempt while it ran: its batch was decided without it."""
 
 
-def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch]) -> PreCommitted:
-    """Steps 1-3 for one task attempt."""
+def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa.RecordBatch],
+               batch_write: bool = False) -> PreCommitted:
+    """Steps 1-3 for one task attempt; in a batch write, with the check that no decision was made without it."""
     transaction = None
     journal: AttemptJournal | None = None
     timestamps = TimestampTally()
@@ -58,6 +59,7 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
             if rows.num_rows == 0:
                 continue
             if transaction is None:
+                failpoints.fire("2pc.task_beginning")
                 # 1. begin, at the first row: a task without rows holds no transaction at all. An attempt the sink
                 # cannot list in its store is journaled first, so that whatever it leaves can be found and aborted.
                 journal = sink.attempt_journal(task.query)
@@ -70,6 +72,7 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
         if transaction is None:
             return PreCommitted(task.query, task.batch, task.partition, None)
         # 3. pre-commit
+        failpoints.fire("2pc.task_pre_committing")
         handle = sink.pre_commit(transaction, task)
         if journal is not None and not journal.holds(task.handle_id):
             # A straggler (a speculative copy not killed yet): the driver decided the batch without it and aborted
@@ -77,6 +80,8 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
             sink.abort(task.query, task.handle_id)
             raise AttemptAborted(f"task attempt {task.handle_id} of query {task.query} was aborted by the driver "
                                  "while it ran: its batch was decided without it")
+        if batch_write:
+            _abort_if_decided_without(sink, task, handle)
     except BaseException:
         if transaction is not None:
             try:
@@ -86,6 +91,20 @@ def write_task(sink: TwoPhaseCommitSink, task: TaskAttempt, batches: Iterator[pa
         raise
     failpoints.fire("2pc.task_pre_committed")
     return PreCommitted(task.query, task.batch, task.partition, handle, timestamps if timestamps.counts else None)
+
+
+def _abort_if_decided_without(sink: TwoPhaseCommitSink, task: TaskAttempt, handle: Handle) -> None:
+    """A batch write's straggler (a task Spark cancelled, still running): the driver decided the write, or aborted
+    it, and listed what to abort before this pre-commit. No later batch would abort it, so it aborts itself. The
+    driver records its decision before it lists, and this reads after pre-committing: one of the two sees the
+    other."""
+    decision = sink.decision_log(task.query).read(task.batch)
+    if decision is None or handle.id in {h.id for h in decision.handles}:
+        return
+    sink.abort(task.query, task.handle_id)
+    ended = "decided without it" if decision.handles else "aborted"
+    raise AttemptAborted(f"task attempt {task.handle_id} of {task.query} pre-committed after the write was {ended}: "
+                         "it aborted its own transaction")
 
 
 class CheckpointBehindSink(RuntimeError):
@@ -102,8 +121,10 @@ def checkpoint_behind(query: str, batch: int, latest: int, where: str) -> Checkp
     )
 
 
-def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle]) -> Decision:
-    """Steps 4-7 for batch ``batch`` of ``query``; returns the decision that holds."""
+def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list[Handle],
+                 aborting_write: bool = False) -> Decision:
+    """Steps 4-7 for batch ``batch`` of ``query``; returns the decision that holds. ``aborting_write``: a failed
+    batch write's, which records a decision without handles unless one holds already, for its stragglers to see."""
     decisions = sink.decision_log(query)
     # Spark runs no batch before it logged the previous one committed, which it does only after this returned: a
     # decision above ``batch`` was made in a run whose checkpoint went further than this one's.
@@ -118,13 +139,17 @@ def commit_batch(sink: TwoPhaseCommitSink, query: str, batch: int, handles: list
     decision = decisions.read(batch)
     if decision is None:
         decision = Decision(query, batch, tuple(sorted(handles, key=lambda h: h.partition)))
-        if handles:  # a batch without rows has nothing to publish, and its replay has none either
+        # A batch without rows has nothing to publish, and its replay has none either.
+        if handles:
             failpoints.fire("2pc.deciding")
+        if handles or aborting_write:
             decision = decisions.record(decision)
     # 6. and 7. Commit every handle, mark the decision finished, abort the rest.
     if decision.handles:
         failpoints.fire("2pc.decided")
         _finish(sink, decisions, decision)
+    elif aborting_write:
+        decisions.finish(batch)
     named = {h.id for d in decisions.unfinished() for h in d.handles}
     journal = sink.attempt_journal(query)
     ended = {h.id for h in handles}  # their commit messages reached the driver: those attempts are over

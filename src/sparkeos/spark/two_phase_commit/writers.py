@@ -99,6 +99,20 @@ class TwoPhaseCommitStreamWriter(DataSourceStreamArrowWriter):
                                 "Spark re-runs the batch")
 
 
+def run_batch(sink: TwoPhaseCommitSink, query: str) -> tuple[int, bool]:
+    """The batch a run of a batch write under a writeId writes, and whether the write is published already: 0 at
+    first; after a run that published, that run's batch again (its decision holds); after runs that failed and
+    published nothing, the batch after theirs."""
+    decisions = sink.decision_log(query)
+    latest = decisions.latest()
+    if latest is None:
+        return 0, False
+    decision = decisions.read(latest)
+    if decision is not None and not decision.handles:
+        return latest + 1, False
+    return latest, True
+
+
 class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
     """Spark's batch writer (``df.write``) for a :class:`TwoPhaseCommitSink`: one write is one batch, numbered 0,
     of a query named by the user's ``writeId``, or by a write id drawn on the driver."""
@@ -108,24 +122,34 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
         self.sink = sink
         self.write_id = write_id
         self.query = f"write-{write_id or uuid.uuid4().hex[:16]}"
+        self.batch, self.published = (0, False) if write_id is None else run_batch(sink, self.query)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
+        task = task_attempt(self.query, self.batch)
+        if self.published:  # run again after a run that published: its decision holds, and this run adds nothing
+            return PreCommitted(task.query, task.batch, task.partition, None)
         with cyclic_gc_paused():
-            return write_task(self.sink, task_attempt(self.query, 0), iterator)
+            return write_task(self.sink, task, iterator, batch_write=True)
 
     def commit(self, messages: list) -> None:
         handles = _handles(messages)
         started = time.monotonic()
-        decision = commit_batch(self.sink, self.query, 0, handles)
+        decision = commit_batch(self.sink, self.query, self.batch, handles)
+        if handles and not decision.handles:
+            raise RuntimeError(
+                f"write {self.query} published nothing: another run of writeId {self.write_id} failed while this one "
+                f"ran, and its abort closed batch {self.batch} of the write; this run's transactions were aborted. "
+                "Run the write again.")
         report(logging.INFO, _summary(self.sink, decision, handles))
-        _emit_commit(self.sink, self.query, 0, decision, messages, time.monotonic() - started)
+        _emit_commit(self.sink, self.query, self.batch, decision, messages, time.monotonic() - started)
 
     def abort(self, messages: list) -> None:
-        aborted = abort_batch(self.sink, self.query, 0, _handles(messages))
-        metric_events.sink_batch(self.sink.format_name, self.query, 0, "aborted", aborted=aborted)
+        aborted = abort_batch(self.sink, self.query, self.batch, _handles(messages))
+        metric_events.sink_batch(self.sink.format_name, self.query, self.batch, "aborted", aborted=aborted)
         # No later batch will finish a decision this write failed after, nor abort what its failed and cancelled
-        # tasks left (Spark's messages do not name them): steps 4-7 for the write, now.
-        decision = commit_batch(self.sink, self.query, 0, [])
+        # tasks left (Spark's messages do not name them): steps 4-7 for the write, now. Tasks Spark cancelled may
+        # still run: the decision without handles recorded here tells them to abort what they pre-commit.
+        decision = commit_batch(self.sink, self.query, self.batch, [], aborting_write=True)
         if decision.handles:
             report(logging.WARNING, f"write {self.query} failed after its decision: published as decided "
                                     f"({len(decision.handles)} transactions), though Spark reports the write failed")
