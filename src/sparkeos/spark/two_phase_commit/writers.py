@@ -127,6 +127,8 @@ class TwoPhaseCommitBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreCommitted:
         task = task_attempt(self.query, self.batch)
         if self.published:  # run again after a run that published: its decision holds, and this run adds nothing
+            for _rows in iterator:  # read to its end all the same, or Spark's Python worker is not reused
+                pass
             return PreCommitted(task.query, task.batch, task.partition, None)
         with cyclic_gc_paused():
             return write_task(self.sink, task, iterator, batch_write=True)
