@@ -8,6 +8,7 @@ proxy, and read what was stored below any consumer.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -126,3 +127,43 @@ def test_an_at_least_once_producer_that_failed_a_delivery_is_not_used_again(brok
     finally:
         without_transactions._plain_producers.clear()
     assert_exactly_once(values, read_values(broker.bootstrap_servers, topic))
+
+
+@pytest.mark.apache_kafka
+def test_a_cached_producer_whose_id_another_worker_left_mid_transaction_is_replaced_at_once(broker, task_context):
+    """A worker's cached producer of T, and another worker that took T since and died in the middle of its
+    transaction (`sparkeos chaos`'s python-worker-kill): its marker offset is pending, so reading T's marker with
+    require_stable waits until that transaction ends, which nothing but Kafka's transaction timeout would do. The
+    cached producer, fenced by the other's init_transactions, must be replaced at once: the new producer's
+    init_transactions aborts the dead worker's transaction, and the task goes on long before the timeout."""
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, "dead-worker-output")
+    timeout_ms = 60_000
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": topic,
+                                  "transactionalIdPrefix": "dead-worker", "kafka.linger.ms": "0",
+                                  "kafka.transaction.timeout.ms": str(timeout_ms)})
+    marker_partitions = prepare_exactly_once(options)
+    first, second = [b"batch-0"], [b"batch-1"]
+    dead = None
+    try:
+        protocol.write_exactly_once(options, "dead-worker-0", 0, "query", marker_partitions, iter([rows(first)]))
+        cached = [entry.client for entry in protocol._writers.entries.values()]
+        # The other worker: a producer of T of its own, its transaction begun (the marker offset sent) and its
+        # records produced, then nothing more: a worker killed at the sink's task step.
+        dead = protocol._TransactionalWriter(options, "dead-worker-0", "query", marker_partitions)
+        dead.begin(1, "query")
+        dead.producer.produce(topic, b"never-visible")
+        dead.producer.flush(10)
+        started = time.monotonic()
+        commit = protocol.write_exactly_once(options, "dead-worker-0", 1, "query", marker_partitions,
+                                             iter([rows(second)]))
+        took_s = time.monotonic() - started
+        assert (commit.records, commit.skipped) == (1, False)
+        assert [entry.client for entry in protocol._writers.entries.values()] != cached
+        assert took_s < timeout_ms / 1000 / 2, f"the task waited {took_s:.1f} s for the dead worker's transaction"
+    finally:
+        protocol._writers.clear()
+        if dead is not None:
+            with contextlib.suppress(KafkaException):  # fenced, as it should be
+                dead.close()
+    assert_exactly_once(first + second, read_values(bootstrap, topic))

@@ -22,6 +22,9 @@ class KafkaDataSource(DataSource):
     # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: a task committed its transaction
     # and Spark has not logged the batch as committed. `sparkeos chaos` kills the driver there.
     half_committed_step = "sink.after_commit"
+    # Where a task is in the middle of its transaction: its records and marker produced, the commit not yet sent.
+    # `sparkeos chaos` kills the task's Python worker or executor there.
+    task_transaction_step = "sink.before_commit"
     visible_output_unit = "offsets"
 
     @classmethod

@@ -92,15 +92,17 @@ class MarkerReader:
     def close(self) -> None:
         self.consumer.close()
 
-    def last_committed_batch(self, query_id: str | None, scan_records: bool = True) -> int | None:
+    def last_committed_batch(self, query_id: str | None, scan_records: bool = True,
+                             timeout_s: float | None = None) -> int | None:
         """The newest batch query `query_id` committed with T, or None; `scan_records=False` trusts a missing
         group offset. Another query's marker (a transactionalIdPrefix reused with a new checkpoint) is not ours:
-        its batch numbers say nothing of this query's batches."""
+        its batch numbers say nothing of this query's batches. `timeout_s` bounds the wait for a pending group
+        offset (an open transaction of T), the transaction's bound by default."""
         # Every partition, in one OffsetFetch: if partitions were added to the marker topic since T last
         # committed, T's home partition moved and its newest offset sits on the old one.
         everywhere = [TopicPartition(self.marker.topic, p) for p in range(self.marker_partitions)]
         newest, owners = -1, set()
-        for committed in self._committed(everywhere):
+        for committed in self._committed(everywhere, self.timeout_s if timeout_s is None else timeout_s):
             if committed.offset >= 0:
                 owner = committed.metadata or None
                 owners.add(owner)
@@ -114,7 +116,7 @@ class MarkerReader:
                         ", ".join(sorted(str(o) for o in owners)), query_id)
         return self._scan_marker_records(query_id) if scan_records else None
 
-    def _committed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+    def _committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
         """T's marker group offsets, asked again while its coordinator moves or loads: Apache Kafka then answers
         NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, which librdkafka hands to the caller."""
         def attempt(timeout_s: float) -> list[TopicPartition]:
@@ -125,7 +127,7 @@ class MarkerReader:
             return found
 
         return until_deadline(
-            attempt, self.timeout_s, lambda exc: exc.args[0] if is_transient(exc) else None,
+            attempt, timeout_s, lambda exc: exc.args[0] if is_transient(exc) else None,
             lambda error: log.info("reading the marker offsets of %s failed (%s); asking again",
                                    self.transactional_id, error))
 

@@ -36,7 +36,9 @@ Protocol
    Spark's retry decides again from step 3, on a new producer.
 4. A producer cached by the worker may have been fenced by another worker since. If the marker shows a commit
    of T that is not this producer's last, another producer committed T after it, and so fenced it: it is
-   replaced at once. Otherwise each transaction starts with the marker offset
+   replaced at once; so is one that finds T's marker offset pending (another producer of T has a transaction open,
+   and so fenced it; if that producer died, only a new producer's ``init_transactions`` would end its transaction
+   before Kafka's transaction timeout). Otherwise each transaction starts with the marker offset
    (``send_offsets_to_transaction``), a synchronous round trip: if it fails, or does not return within its
    bound (``BEGIN_TIMEOUT_S``), the producer is replaced (``init_transactions``) and the marker read again,
    before any record is produced. Steps 3 and 4 up to here run while the task waits for its first input and
@@ -107,6 +109,11 @@ log = logging.getLogger("sparkeos.sink")
 # librdkafka to report its own timeout first; then the producer is abandoned and a new one, whose coordinator cache
 # is empty, starts the transaction again.
 BEGIN_TIMEOUT_S = 15.0
+# Step 4: how long a cached producer waits for T's marker offset to be stable. A pending offset is another producer's
+# open transaction: that producer called init_transactions after this one's last transaction, and so fenced it; if it
+# died in the middle of the transaction, nothing but a new producer's init_transactions (or Kafka's transaction
+# timeout) ends it.
+CACHED_MARKER_READ_S = 2.0
 STUCK_CALL_GRACE_S = 5.0
 # A failed transaction's abort: librdkafka waits for records whose Produce answer was lost until they time out
 # (as long as the transaction timeout), which the next producer's init_transactions does not need.
@@ -292,14 +299,30 @@ def _set_up_while_reading_ahead(key: tuple, create: Callable[[], _TransactionalW
 
     def writer_marker_and_transaction() -> tuple[_TransactionalWriter, int | None, float | None]:
         # Step 3: the worker's producer for T (a new one runs init_transactions), then T's marker.
-        writer = _writers.acquire(key, create)
+        created: list[_TransactionalWriter] = []
+
+        def create_here() -> _TransactionalWriter:
+            created.append(create())
+            return created[-1]
+
+        writer = _writers.acquire(key, create_here)
         try:
-            committed = writer.last_committed_batch(query_id, scan_records=scan_records)
-            if writer.superseded(query_id, committed):
-                # Step 4: another producer committed T since this cached one did, and so fenced it. The usual
-                # case in a streaming query: Spark hands a partition's next task to whichever idle worker is
-                # first in its queue, seldom the one that ran the last. Replaced here, while the task reads
-                # ahead, not after a transaction's first call failed on it (which librdkafka logs as fatal).
+            if created:
+                committed, stale = writer.last_committed_batch(query_id, scan_records=scan_records), False
+            else:
+                try:
+                    committed = writer.last_committed_batch(query_id, scan_records=scan_records,
+                                                            timeout_s=CACHED_MARKER_READ_S)
+                    stale = writer.superseded(query_id, committed)
+                except (KafkaException, TimeoutError):
+                    # Step 4: T's marker offset stayed pending: another producer's open transaction.
+                    committed, stale = None, True
+            if stale:
+                # Step 4: another producer committed T since this cached one did, or has a transaction open, and so
+                # fenced it. The usual case in a streaming query: Spark hands a partition's next task to whichever
+                # idle worker is first in its queue, seldom the one that ran the last. Replaced here, while the
+                # task reads ahead, not after a transaction's first call failed on it (which librdkafka logs as
+                # fatal).
                 _writers.forget(writer)
                 writer = _writers.acquire(key, create)
                 committed = writer.last_committed_batch(query_id, scan_records=scan_records)
