@@ -20,6 +20,7 @@ from sparkeos.chaos.faults import Schedule, applicable
 from sparkeos.chaos.input import InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
+from sparkeos.spark import sink_data_source
 from sparkeos.verify import iter_records
 from support.browser import rendered_dom
 from support.runtime_only import runtime_environment
@@ -32,8 +33,8 @@ CHAOS_TIMEOUT_S = 600
 # Short intervals, so that each kind strikes within the short fault period of a test.
 # A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
 # as a kill does.
-TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "broker-kill": 10, "postgres-crash": 20,
-                  "network-kafka": 4, "network-postgres": 4}
+TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "python-worker-kill": 6, "executor-kill": 10,
+                  "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4}
 
 
 def chaos(python: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -89,6 +90,11 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     assert report["restarts"] >= report["injected"]["driver-kill"] + report["injected"]["driver-kill-mid-commit"]
     assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
     assert "the run's proxy, in front of the broker" in report["sandbox"]["Kafka"]
+    assert "the run's standalone cluster: 2 workers" in report["sandbox"]["Spark"]
+    # The task kills struck a task in the middle of its transaction, at the sink's own step.
+    step = sink_data_source(load_job(job).sink.format).task_transaction_step
+    task_kills = [e for e in report["events"] if e["kind"] in ("python-worker-kill", "executor-kill")]
+    assert task_kills and all(f"at {step}" in e["detail"] for e in task_kills), task_kills
     if load_job(job).bad_records.policy == "dead-letter":
         assert report["dead_lettered"] == report["corrupt_records"] > 0
     check_html_report(page, report)
@@ -133,7 +139,10 @@ def test_the_python_api_runs_a_job_built_in_code_with_the_users_own_function(tmp
 
 @pytest.mark.parametrize(("arguments", "message"), [
     (["--faults", "meteor-strike"], "unknown fault 'meteor-strike'"),
-    (["--faults", "postgres-crash"], "fault postgres-crash does not apply to this job: it needs a postgres sink"),
+    (["--faults", "postgres-crash"], "fault postgres-crash does not apply to this run: it needs a sparkeos.postgres "
+                                     "sink"),
+    (["--faults", "executor-kill", "--master", "spark://127.0.0.1:7077"],
+     "fault executor-kill does not apply to this run: it needs Spark processes the run starts itself: a local master"),
     (["--faults", "broker-kill,broker-kill=3"], "fault broker-kill is given twice"),
     (["--faults", "driver-kill=0"], "must be more than 0 s"),
     (["--duration", "0"], "--duration must be more than 0 seconds"),
@@ -163,6 +172,9 @@ def test_the_default_faults_are_every_kind_that_applies_to_the_job():
     kafka, postgres = load_job(EXAMPLES / "people-json.yaml"), load_job(EXAMPLES / "people-postgres.yaml")
     assert set(parse_faults(None, kafka)) == set(KINDS) - {"postgres-crash", "network-postgres"}
     assert set(parse_faults(None, postgres)) == set(KINDS)
+    # On a cluster the run did not start, it kills no executor and no Python worker.
+    assert set(parse_faults(None, postgres, "spark://127.0.0.1:7077")) == set(KINDS) - {"python-worker-kill",
+                                                                                      "executor-kill"}
     assert parse_faults("driver-kill=7.5s,broker-kill", kafka) == {"driver-kill": 7.5, "broker-kill": 40.0}
     with pytest.raises(FaultError, match="KIND one of driver-kill, driver-kill-mid-commit"):
         parse_faults("driver-kill:5", kafka)

@@ -212,7 +212,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         if not args.duration > 0:
             raise FaultError(f"--duration must be more than 0 seconds (got {args.duration})")
         spec = load_job(args.job)
-        faults = parse_faults(args.faults, spec)
+        faults = parse_faults(args.faults, spec, args.master)
         from .chaos.sandbox import check_runnable
 
         check_runnable(spec)

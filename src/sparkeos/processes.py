@@ -28,6 +28,14 @@ def process_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
+def command_line(pid: int) -> list[str]:
+    """The arguments `pid` was started with ([] once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
 def descendants(pid: int) -> list[int]:
     table = process_table()
     children: dict[int, list[int]] = {}

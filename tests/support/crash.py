@@ -21,7 +21,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
-from sparkeos.processes import kill_processes, kill_tree, process_table, process_tree
+from sparkeos.processes import command_line, kill_processes, kill_tree, process_table, process_tree
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, read_values
 from support.spark import unique, wait_for
 
@@ -54,13 +54,6 @@ def wait_until_no_tagged_processes(tag: str, timeout_s: float = 20.0) -> None:
     while (left := tagged_processes(tag)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, f"processes survived the kill: {[command_line(p) for p in left]}"
-
-
-def command_line(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
 
 
 def environment_of(pid: int) -> dict[str, str]:

@@ -1,11 +1,12 @@
 """The chaos run: the job in its sandbox, input fed while faults are injected on a seeded schedule, then the job left
 to catch up, stopped cleanly and audited against its own transformation.
 
-1. Start the sandbox (sandbox.py) and the job's driver, with its restart strategy (`sparkeos run`'s supervisor), and
-   feed input at an even rate.
+1. Start the sandbox (sandbox.py), a standalone Spark cluster when executors are to be killed (cluster.py), and the
+   job's driver, with its restart strategy (`sparkeos run`'s supervisor), and feed input at an even rate.
 2. Once the job committed its first batch, inject each chosen kind of fault when the seeded schedule says, for the
    fault period and until every chosen kind struck at least once; a driver is killed only once it has committed a
-   batch of its own, so that kills cannot starve the job.
+   batch of its own, and a task only once the job committed a batch since the last task kill, so that kills cannot
+   starve the job.
 3. Stop feeding, and wait until the query's checkpoint shows it processed all of the input.
 4. Stop the driver cleanly and audit the output, read as an independent reader reads it: missing, duplicated and
    unexpected records, with samples.
@@ -13,11 +14,14 @@ to catch up, stopped cleanly and audited against its own transformation.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +32,8 @@ from ..jobs.runner import Supervisor
 from ..jobs.spec import JobSpec
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import failpoints, sink_data_source
-from .faults import NETWORK_FAULTS, Schedule
+from .cluster import StandaloneCluster, executor_of
+from .faults import NETWORK_FAULTS, TASK_KILLS, Schedule, local_cores
 from .input import InputGenerator, produce_with_retry
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
@@ -39,7 +44,7 @@ from .sandbox import Sandbox, start_sandbox
 SILENT_CLIENT = {"log_level": 0}
 TICK_S = 0.1
 SAMPLE_EVERY_S = 1.0
-HOLD_WAIT_S = 60  # how long an armed mid-commit kill waits for a batch to reach its half-committed step
+HOLD_WAIT_S = 60  # how long an aimed kill waits for a batch (or a task) to reach its step
 FEED_CHUNKS_PER_S = 2
 UNTIL_EACH_KIND_S = 600  # how much longer than the fault period a run waits for a kind that has not struck yet
 
@@ -134,13 +139,29 @@ class ChaosRun:
         return happened
 
     def run(self) -> ChaosReport:
-        sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
-                                self.settings.seed)
-        self.report.sandbox = dict(sandbox.endpoints)
-        self.report.job_name = sandbox.spec.name
-        supervisor = None
+        master, cluster, starting = self.settings.master, None, None
+        if "executor-kill" in self.settings.faults:
+            # Executors of their own: on a local master the executor is the driver's JVM. The workers hand the
+            # failpoints on to the executors and their Python workers. Started while the sandbox starts.
+            workers = local_cores(master)
+            cluster = StandaloneCluster(self.workdir / "spark-cluster",
+                                        env={failpoints.ENV: str(self.failpoints), **self.settings.env})
+            pool = ThreadPoolExecutor(1, thread_name_prefix="chaos-spark-cluster")
+            starting = pool.submit(cluster.start, workers)
+            pool.shutdown(wait=False)  # its one task runs on
+        supervisor = sandbox = None
         try:
-            supervisor = self._drive(sandbox)
+            sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
+                                    self.settings.seed)
+            self.report.sandbox = dict(sandbox.endpoints)
+            self.report.job_name = sandbox.spec.name
+            if cluster is not None:
+                master = starting.result().url
+                self.report.sandbox["Spark"] = (f"{master} (the run's standalone cluster: {workers} workers of 1 core, "
+                                                f"in place of {self.settings.master})")
+            else:
+                self.report.sandbox["Spark"] = master
+            supervisor = self._drive(sandbox, master, cluster)
             supervisor.stop()
             self.event("stopped", "the driver stopped cleanly")
             self.report.leftovers = left_pending(sandbox.spec)
@@ -148,20 +169,25 @@ class ChaosRun:
         finally:
             if supervisor is not None:
                 supervisor.kill_driver()
-            sandbox.stop()
+            if cluster is not None:
+                if starting is not None:
+                    starting.exception()  # a cluster still starting is stopped once it has started
+                cluster.stop()
+            if sandbox is not None:
+                sandbox.stop()
         self.report.seconds = self.elapsed()
         return self.report
 
-    def _drive(self, sandbox: Sandbox) -> Supervisor:
+    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None) -> Supervisor:
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
         generator = InputGenerator(sandbox.spec, settings.seed, sandbox.endpoints.get("schema registry"),
                                    sandbox.topics.input)
         env = {failpoints.ENV: str(self.failpoints), **settings.env}
-        supervisor = Supervisor(str(sandbox.job_path), master=settings.master, env=env,
+        supervisor = Supervisor(str(sandbox.job_path), master=master, env=env,
                                 log_file=self.workdir / "driver.log")
         sink = sink_data_source(sandbox.spec.sink.format)
-        step = sink.half_committed_step
+        step, task_step = sink.half_committed_step, sink.task_transaction_step
         self.report.output_unit = sink.visible_output_unit
 
         def visible_output() -> int | None:
@@ -174,12 +200,14 @@ class ChaosRun:
         feeder = Feeder(sandbox.bootstrap, sandbox.topics.input, generator, settings.rate)
         schedule: Schedule | None = None  # drawn once the job committed its first batch
         supervisor.start_driver()
-        self.event("started", f"driver on {settings.master}")
+        self.event("started", f"driver on {master}")
         feeder.start()
         faults_end = float("inf")
         deadline = self.started + settings.timeout_s
         batches_at_start = committed_batch(checkpoint)
         armed: tuple[set, float] | None = None  # a mid-commit kill waiting for its moment: known holds, since when
+        aimed: tuple[str, set, float] | None = None  # a task kill waiting for its moment: kind, known holds, since
+        last_task_kill: int | None = -1  # the batch committed last when a task was killed
         recovering = self.recovering
         injectors: dict[str, FaultInjector] = {}  # network faults, each kind on a thread of its own
         next_sample = 0.0
@@ -190,8 +218,11 @@ class ChaosRun:
             if code is not None:
                 self.event("driver-exit", f"the driver exited with {code} on its own")
                 if armed is not None:  # a hold its processes took died with them
-                    self._give_up_hold(schedule, step, now, "the driver exited")
+                    self._give_up_hold(schedule, "driver-kill-mid-commit", step, now, "the driver exited")
                     armed = None
+                if aimed is not None:
+                    self._give_up_hold(schedule, aimed[0], task_step, now, "the driver exited")
+                    aimed = None
                 if not self._restart(supervisor):
                     break
                 batches_at_start = committed_batch(checkpoint)
@@ -204,8 +235,21 @@ class ChaosRun:
                         break
                     batches_at_start = committed_batch(checkpoint)
                 elif now - armed[1] > HOLD_WAIT_S:
-                    self._give_up_hold(schedule, step, now, f"no batch reached {step} within {HOLD_WAIT_S} s")
+                    self._give_up_hold(schedule, "driver-kill-mid-commit", step, now,
+                                       f"no batch reached {step} within {HOLD_WAIT_S} s")
                     armed = None
+            struck = False  # a fault this tick: the next waits for the next tick, so that each recovery is its own
+            if aimed is not None:
+                held = failpoints.holds(self.failpoints, task_step) - aimed[1]
+                if held:
+                    struck = True
+                    self._kill_task(aimed[0], held, task_step, schedule, committed, now,
+                                    cluster if aimed[0] == "executor-kill" else None)
+                    aimed, last_task_kill = None, committed
+                elif now - aimed[2] > HOLD_WAIT_S:
+                    self._give_up_hold(schedule, aimed[0], task_step, now,
+                                       f"no task reached {task_step} within {HOLD_WAIT_S} s")
+                    aimed = None
             if schedule is None and committed is not None:
                 schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
                                     settings.seed, now)
@@ -218,7 +262,7 @@ class ChaosRun:
                     now, faults_end, settings.faults, self.report.injected, len(recovering)):
                 feeder.stop()
                 self.event("input-end", f"{feeder.acknowledged} records fed")
-            if schedule is not None and not feeder.stopping.is_set():
+            if schedule is not None and not feeder.stopping.is_set() and not struck:
                 own_batch = committed is not None and (batches_at_start is None or committed > batches_at_start)
                 for due in schedule.due_now(now):
                     if now >= faults_end and self.report.injected.get(due):
@@ -226,14 +270,18 @@ class ChaosRun:
                     # A driver is killed once it committed a batch of its own (else kills could starve the job, or
                     # strike the recovery of the last kill again and again), and not while a mid-commit kill waits
                     # for its moment (the hold would die with this driver).
-                    if due == "driver-kill" and own_batch and armed is None:
+                    quiet = armed is None and aimed is None  # no process held at a step, none about to be
+                    if due == "driver-kill" and own_batch and quiet:
                         if not self._kill_driver(supervisor, schedule, due, f"batch {committed} committed last",
                                                  committed, now):
                             break
                         batches_at_start = committed_batch(checkpoint)
-                    elif due == "driver-kill-mid-commit" and own_batch and armed is None:
+                    elif due == "driver-kill-mid-commit" and own_batch and quiet:
                         armed = (failpoints.arm_hold(self.failpoints, step), now)
                         schedule.due[due] = float("inf")  # drawn again once the kill happened or was given up
+                    elif due in TASK_KILLS and quiet and committed is not None and committed != last_task_kill:
+                        aimed = (due, failpoints.arm_hold(self.failpoints, task_step), now)
+                        schedule.due[due] = float("inf")
                     elif due == "broker-kill" or (due == "postgres-crash" and sandbox.postgres is not None):
                         server = sandbox.stack if due == "broker-kill" else sandbox.postgres
                         outage = schedule.outage_s()
@@ -247,9 +295,10 @@ class ChaosRun:
                     break
                 if self.report.gave_up:
                     break
-            elif armed is not None:
+            elif feeder.stopping.is_set() and (armed is not None or aimed is not None):
                 self._disarm(step)
-                armed = None
+                self._disarm(task_step)
+                armed = aimed = None
             self.note_recoveries(committed)
             if now >= next_sample:
                 next_sample = now + SAMPLE_EVERY_S
@@ -266,6 +315,7 @@ class ChaosRun:
                 break
             time.sleep(TICK_S)
         self._disarm(step)
+        self._disarm(task_step)
         for injector in injectors.values():
             self._stop_injector(injector)
         feeder.stop()
@@ -292,6 +342,26 @@ class ChaosRun:
             hold.unlink(missing_ok=True)
         schedule.done(kind, now)
         return self._restart(supervisor)
+
+    def _kill_task(self, kind: str, held: set[Path], task_step: str, schedule: Schedule, committed: int | None,
+                   now: float, cluster: StandaloneCluster | None) -> None:
+        """The fault `kind` on the processes holding at `task_step`: kill -9 of the Python worker, or of its executor
+        with the executor's Python workers; then the holds are let go (nothing waits on them any more)."""
+        for hold in held:
+            worker = int(hold.name.rsplit("-", 1)[1])
+            executor = executor_of(worker) if cluster is not None else None
+            if executor is not None:
+                cluster.kill_executor(executor)
+                detail = f"executor JVM {executor}, its task at {task_step}"
+            else:
+                try:
+                    os.kill(worker, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                detail = f"Python worker {worker} at {task_step}"
+            self.recovering.append((self.fault(kind, f"{detail}, batch {committed} committed last"), committed))
+            hold.unlink(missing_ok=True)
+        schedule.done(kind, now)
 
     def _start_network_faults(self, sandbox: Sandbox, checkpoint: Path) -> dict[str, FaultInjector]:
         """A thread per chosen kind of network fault, each injecting one fault at a time through its proxy; after a
@@ -326,11 +396,11 @@ class ChaosRun:
         for hold in failpoints.holds(self.failpoints, step):
             hold.unlink(missing_ok=True)
 
-    def _give_up_hold(self, schedule: Schedule, step: str, now: float, why: str) -> None:
+    def _give_up_hold(self, schedule: Schedule, kind: str, step: str, now: float, why: str) -> None:
         self._disarm(step)
-        self.report.missed["driver-kill-mid-commit"] = self.report.missed.get("driver-kill-mid-commit", 0) + 1
-        self.event("missed", why)
-        schedule.done("driver-kill-mid-commit", now)
+        self.report.missed[kind] = self.report.missed.get(kind, 0) + 1
+        self.event("missed", f"{kind}: {why}")
+        schedule.done(kind, now)
 
     def fault(self, kind: str, detail: str) -> Event:
         self.report.injected[kind] = self.report.injected.get(kind, 0) + 1

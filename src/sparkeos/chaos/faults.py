@@ -7,6 +7,7 @@ faults in the same order (their moments follow the job's own progress, which no 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ class FaultKind:
     name: str
     what: str  # what it does, in the words of `sparkeos chaos --help` and the report
     mean_interval_s: float  # the default mean time between two faults of the kind
-    needs: str | None = None  # what the job must have for the kind to apply: "postgres"
+    needs: str | None = None  # what the run must have for the kind to apply, a key of NEEDS
+
+
+# What a kind may need: a part of the job, or a Spark whose processes the run starts itself.
+NEEDS = {"postgres": "a sparkeos.postgres sink",
+         "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
+                      "the run starts a standalone cluster of N workers)"}
 
 
 KINDS = {kind.name: kind for kind in (
@@ -27,6 +34,12 @@ KINDS = {kind.name: kind for kind in (
                              "then a restart by the job's restart strategy", 30.0),
     FaultKind("driver-kill-mid-commit", "kill -9 of the driver while a batch is half committed: some of its "
                                         "transactions committed, others not yet", 45.0),
+    FaultKind("python-worker-kill", "kill -9 of the Python worker of a task in the middle of its transaction (its "
+                                    "rows written, not yet committed); Spark runs the task again", 20.0,
+              needs="own-spark"),
+    FaultKind("executor-kill", "kill -9 of an executor (its JVM and Python workers) while one of its tasks is in the "
+                               "middle of its transaction; the run's standalone cluster starts another executor and "
+                               "Spark runs the lost tasks again", 30.0, needs="own-spark"),
     FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0),
     FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
                                "answer withheld after the broker applied the request (Fetch, ListOffsets, Metadata, "
@@ -40,6 +53,7 @@ KINDS = {kind.name: kind for kind in (
               needs="postgres"),
 )}
 NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
+TASK_KILLS = ("python-worker-kill", "executor-kill")  # aimed at a task in its transaction
 MAX_OUTAGE_S = 5.0
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(=(?P<seconds>\d+(\.\d+)?)s?)?")
 
@@ -48,15 +62,30 @@ class FaultError(ValueError):
     """`--faults` names something that cannot be done to this job."""
 
 
-def applicable(spec: JobSpec) -> list[str]:
-    """The kinds that apply to the job: all but those needing a part it does not have."""
+def applicable(spec: JobSpec, master: str = "local[2,4]") -> list[str]:
+    """The kinds that apply to the job run on `master`: all but those needing what it does not have."""
     parts = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
+    if is_local(master):
+        parts.add("own-spark")
     return [name for name, kind in KINDS.items() if kind.needs is None or kind.needs in parts]
 
 
-def parse_faults(text: str | None, spec: JobSpec) -> dict[str, float]:
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def local_cores(master: str) -> int:
+    """The cores of a local master: local 1, local[N] and local[N,F] N, local[*] those of the machine."""
+    match = re.fullmatch(r"local(\[(?P<cores>\*|\d+)(,\d+)?\])?", master)
+    if match is None:
+        raise FaultError(f"{master!r} is not a local master")
+    cores = match["cores"] or "1"
+    return (os.cpu_count() or 1) if cores == "*" else int(cores)
+
+
+def parse_faults(text: str | None, spec: JobSpec, master: str = "local[2,4]") -> dict[str, float]:
     """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given."""
-    kinds = applicable(spec)
+    kinds = applicable(spec, master)
     if text is None:
         return {name: KINDS[name].mean_interval_s for name in kinds}
     chosen: dict[str, float] = {}
@@ -67,7 +96,7 @@ def parse_faults(text: str | None, spec: JobSpec) -> dict[str, float]:
                              f"KIND one of {', '.join(KINDS)}")
         name = match["kind"]
         if name not in kinds:
-            raise FaultError(f"fault {name} does not apply to this job: it needs a {KINDS[name].needs} sink")
+            raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[KINDS[name].needs]}")
         if name in chosen:
             raise FaultError(f"fault {name} is given twice in --faults")
         seconds = float(match["seconds"]) if match["seconds"] else KINDS[name].mean_interval_s

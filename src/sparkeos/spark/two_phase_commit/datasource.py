@@ -27,6 +27,10 @@ class TwoPhaseCommitDataSource(DataSource):
     # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: its decision recorded, its first
     # transaction committed and the others not yet. `sparkeos chaos` kills the driver there.
     half_committed_step = "2pc.between_commits"
+    # Where a task is in the middle of its transaction: pre-committed, its commit message not yet sent to the driver
+    # (which never learns of it if the task dies there). `sparkeos chaos` kills the task's Python worker or executor
+    # there.
+    task_transaction_step = "2pc.task_pre_committed"
     batch_writer: type[TwoPhaseCommitBatchWriter] = TwoPhaseCommitBatchWriter
 
     @classmethod
