@@ -202,7 +202,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from .chaos import ChaosSettings, FaultError, SandboxError, parse_faults, run_chaos
-    from .chaos.report import live_table, print_report
+    from .chaos.report import PlainProgress, live_table, print_report
     from .jobs.quiet import quiet_third_party_warnings, setup_logging
     from .jobs.spec import JobError, load_job
 
@@ -222,8 +222,12 @@ def run_chaos(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
                              args.timeout, args.workdir)
-    with Live(console=console, refresh_per_second=2) as live:
-        report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as live:
+            report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))
+    else:
+        # A log, not a screen: Live would print its last table only, with the report's first line after it.
+        report = run_chaos(args.job, settings, on_tick=PlainProgress(console).show)
     print_report(report, console)
     if args.report is not None:
         from .chaos.html import write_report

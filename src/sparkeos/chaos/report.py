@@ -5,6 +5,7 @@ a table for the terminal and as JSON."""
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..jobs.audit import AuditReport, Comparison, audit_table, sample_lines
+
+PLAIN_INTERVAL_S = 10.0  # between two progress lines on a console that is not a terminal
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,34 @@ def live_table(report: ChaosReport) -> Table:
               else ["0 s", "", "", "", "", 0])
     table.add_row(*("" if v is None else str(v) for v in values), faults)
     return table
+
+
+class PlainProgress:
+    """`live_line` on a console every PLAIN_INTERVAL_S, and at each new fault or restart."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.printed_at: float | None = None
+        self.events = 0
+
+    def show(self, report: ChaosReport) -> None:
+        now = time.monotonic()
+        if self.printed_at is None or now - self.printed_at >= PLAIN_INTERVAL_S or len(report.events) != self.events:
+            self.console.print(live_line(report), soft_wrap=True, highlight=False)
+            self.printed_at, self.events = now, len(report.events)
+
+
+def live_line(report: ChaosReport) -> str:
+    """What `live_table` shows, as one line, for a console that is not a terminal (a CI log)."""
+    last = report.samples[-1] if report.samples else None
+    faults = ", ".join(f"{kind} {count}" for kind, count in sorted(report.injected.items())) or "none yet"
+    if last is None:
+        return f"chaos: starting; faults {faults}"
+    def known(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    return (f"chaos: {last.at:.0f} s, input {last.input}, processed {known(last.processed)}, lag {known(last.lag)}, "
+            f"batch {known(last.batch)}, restarts {last.restarts}; faults {faults}")
 
 
 def _recovery(times: list[float]) -> str:
