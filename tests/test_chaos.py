@@ -33,9 +33,8 @@ CHAOS_TIMEOUT_S = 600
 # Short intervals, so that each kind strikes within the short fault period of a test.
 # A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
 # as a kill does.
-# relayout is due at once, so that it changes the layout at the first restart, not after one more kill.
 TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "python-worker-kill": 6, "executor-kill": 10,
-                  "relayout": 1, "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4}
+                  "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4}
 
 
 def chaos(python: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -96,11 +95,6 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     step = sink_data_source(load_job(job).sink.format).task_transaction_step
     task_kills = [e for e in report["events"] if e["kind"] in ("python-worker-kill", "executor-kill")]
     assert task_kills and all(f"at {step}" in e["detail"] for e in task_kills), task_kills
-    # The first relayout doubled the source's partitions, at a restart.
-    kinds = [event["kind"] for event in report["events"]]
-    first = kinds.index("relayout")
-    assert report["events"][first]["detail"].startswith("minPartitions 4 (was "), report["events"][first]
-    assert kinds[first + 1] == "restart", kinds
     if load_job(job).bad_records.policy == "dead-letter":
         assert report["dead_lettered"] == report["corrupt_records"] > 0
     check_html_report(page, report)
@@ -153,8 +147,6 @@ def test_the_python_api_runs_a_job_built_in_code_with_the_users_own_function(tmp
     (["--faults", "executor-kill", "--master", "spark://127.0.0.1:7077"],
      "fault executor-kill does not apply to this run: it needs Spark processes the run starts itself: a local master"),
     (["--faults", "broker-kill,broker-kill=3"], "fault broker-kill is given twice"),
-    (["--faults", "broker-kill,relayout"], "fault relayout does not apply to this run: it needs a fault that restarts "
-                                           "the driver"),
     (["--faults", "driver-kill=0"], "must be more than 0 s"),
     (["--duration", "0"], "--duration must be more than 0 seconds"),
 ])

@@ -178,7 +178,9 @@ def transactional_group_offsets_wait_for_the_commit(bootstrap: str) -> Observati
 
 def offsets_by_timestamp(bootstrap: str) -> Observation:
     topic = _name("times")
-    create_topic(bootstrap, topic)
+    # Timestamps of 1970, far past Kafka's default retention.ms (7 days): without this, Apache Kafka's retention check
+    # (every log.retention.check.interval.ms) deletes the records whenever it runs between the produce and the reads.
+    create_topic(bootstrap, topic, 1, {"retention.ms": "-1"})
     producer = Producer({"bootstrap.servers": bootstrap})
     for value, stamp in ((b"t0", 1_000_000), (b"t1", 2_000_000), (b"t2", 2_000_000), (b"t3", 3_000_000)):
         producer.produce(topic, value, partition=0, timestamp=stamp)

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from confluent_kafka import Producer
 
 from ..jobs.audit import AuditReport, audit_in_this_process
@@ -47,10 +46,6 @@ TICK_S = 0.1
 SAMPLE_EVERY_S = 1.0
 HOLD_WAIT_S = 60  # how long an aimed kill waits for a batch (or a task) to reach its step
 FEED_CHUNKS_PER_S = 2
-# The source layouts relayout cycles through: minPartitions that many times the input topic's partitions, 0 for the
-# job's own setting.
-RELAYOUT_FACTORS = (2, 3, 0)
-_UNREAD = object()
 UNTIL_EACH_KIND_S = 600  # how much longer than the fault period a run waits for a kind that has not struck yet
 
 
@@ -132,8 +127,6 @@ class ChaosRun:
         self.failpoints = self.workdir / "failpoints"
         self.started = time.monotonic()
         self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
-        self.layouts = 0  # relayouts so far
-        self.own_min_partitions: object = _UNREAD  # the job's own minPartitions, read at the first relayout
         self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
                                   workdir=str(self.workdir))
 
@@ -230,7 +223,7 @@ class ChaosRun:
                 if aimed is not None:
                     self._give_up_hold(schedule, aimed[0], task_step, now, "the driver exited")
                     aimed = None
-                if not self._restart(supervisor, schedule, committed):
+                if not self._restart(supervisor):
                     break
                 batches_at_start = committed_batch(checkpoint)
             if armed is not None:
@@ -348,7 +341,7 @@ class ChaosRun:
         for hold in release:
             hold.unlink(missing_ok=True)
         schedule.done(kind, now)
-        return self._restart(supervisor, schedule, committed)
+        return self._restart(supervisor)
 
     def _kill_task(self, kind: str, held: set[Path], task_step: str, schedule: Schedule, committed: int | None,
                    now: float, cluster: StandaloneCluster | None) -> None:
@@ -413,40 +406,17 @@ class ChaosRun:
         self.report.injected[kind] = self.report.injected.get(kind, 0) + 1
         return self.event(kind, detail)
 
-    def _restart(self, supervisor: Supervisor, schedule: Schedule | None, committed: int | None) -> bool:
-        """Restart the driver as its restart strategy says, with another layout when one is due; False when the
-        strategy gives up."""
+    def _restart(self, supervisor: Supervisor) -> bool:
+        """Restart the driver as its restart strategy says; False when the strategy gives up."""
         delay = supervisor.next_delay()
         if delay is None:
             self.report.gave_up = f"the job's restart strategy ({supervisor.strategy.describe()}) allowed no more " \
                                   f"restarts after {supervisor.restarts}"
             self.event("gave-up", self.report.gave_up)
             return False
-        if schedule is not None and "relayout" in schedule.due_now(time.monotonic()):
-            self._relayout(Path(supervisor.job_path), committed)
-            schedule.done("relayout", time.monotonic())
         supervisor.restart(delay)
         self.event("restart", f"after {delay:.1f} s")
         return True
-
-    def _relayout(self, job_path: Path, committed: int | None) -> None:
-        """The fault relayout: the job file the next driver reads gets the next source layout of RELAYOUT_FACTORS
-        (minPartitions: that many times the input partitions, or the job's own setting)."""
-        document = yaml.safe_load(job_path.read_text())
-        source = document["source"]
-        if self.own_min_partitions is _UNREAD:
-            self.own_min_partitions = source.get("minPartitions")
-        before = source.get("minPartitions")
-        self.layouts += 1
-        factor = RELAYOUT_FACTORS[(self.layouts - 1) % len(RELAYOUT_FACTORS)]
-        after = self.settings.partitions * factor if factor else self.own_min_partitions
-        if after is None:
-            source.pop("minPartitions", None)
-        else:
-            source["minPartitions"] = after
-        job_path.write_text(yaml.safe_dump(document, sort_keys=False))
-        self.recovering.append((self.fault("relayout", f"minPartitions {after or 'unset'} (was {before or 'unset'})"),
-                                committed))
 
     def _sample(self, lag: LagCluster, checkpoint: Path, feeder: Feeder, supervisor: Supervisor,
                 committed: int | None, output: int | None) -> bool:

@@ -25,8 +25,6 @@ class FaultKind:
 
 # What a kind may need: a part of the job, or a Spark whose processes the run starts itself.
 NEEDS = {"postgres": "a sparkeos.postgres sink",
-         "restarts": "a fault that restarts the driver in --faults: driver-kill, driver-kill-mid-commit or "
-                     "postgres-crash",
          "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
                       "the run starts a standalone cluster of N workers)"}
 
@@ -42,9 +40,6 @@ KINDS = {kind.name: kind for kind in (
     FaultKind("executor-kill", "kill -9 of an executor (its JVM and Python workers) while one of its tasks is in the "
                                "middle of its transaction; the run's standalone cluster starts another executor and "
                                "Spark runs the lost tasks again", 30.0, needs="own-spark"),
-    FaultKind("relayout", "at a driver restart (after a kill or a crash), the source's layout changed: minPartitions "
-                          "2 and 3 times the input partitions, then the job's own, in turn", 30.0,
-              needs="restarts"),
     FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0),
     FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
                                "answer withheld after the broker applied the request (Fetch, ListOffsets, Metadata, "
@@ -59,7 +54,6 @@ KINDS = {kind.name: kind for kind in (
 )}
 NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
 TASK_KILLS = ("python-worker-kill", "executor-kill")  # aimed at a task in its transaction
-RESTARTING = ("driver-kill", "driver-kill-mid-commit", "postgres-crash")  # faults the driver restarts after
 MAX_OUTAGE_S = 5.0
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(=(?P<seconds>\d+(\.\d+)?)s?)?")
 
@@ -70,9 +64,7 @@ class FaultError(ValueError):
 
 def applicable(spec: JobSpec, master: str = "local[2,4]") -> list[str]:
     """The kinds that apply to the job run on `master`: all but those needing what it does not have."""
-    parts = {"restarts"}  # driver-kill applies to every job; parse_faults checks that one is chosen
-    if spec.sink.format == POSTGRES_SINK:
-        parts.add("postgres")
+    parts = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
     if is_local(master):
         parts.add("own-spark")
     return [name for name, kind in KINDS.items() if kind.needs is None or kind.needs in parts]
@@ -111,8 +103,6 @@ def parse_faults(text: str | None, spec: JobSpec, master: str = "local[2,4]") ->
         if seconds <= 0:
             raise FaultError(f"fault {name}: the time between faults must be more than 0 s (got {item!r})")
         chosen[name] = seconds
-    if "relayout" in chosen and not set(chosen) & set(RESTARTING):
-        raise FaultError(f"fault relayout does not apply to this run: it needs {NEEDS['restarts']}")
     return chosen
 
 
