@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..ports import free_port
-from ..processes import command_line, descendants, kill_processes, kill_tree, process_table, process_tree
+from ..processes import command_line, kill_processes, kill_tree, process_table, process_tree
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 MASTER_HOST = "127.0.0.1"
@@ -120,11 +120,6 @@ class StandaloneCluster:
     def alive_workers(self) -> int:
         state = self.state() or {}
         return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
-
-    def executors(self) -> list[int]:
-        """The executor JVMs running on the cluster's workers."""
-        return [pid for worker in self.workers for pid in descendants(worker.pid)
-                if EXECUTOR_CLASS in command_line(pid)]
 
     def kill_executor(self, executor: int) -> None:
         """kill -9 of an executor JVM and its Python daemon and workers, not of the worker that launched it (whose
