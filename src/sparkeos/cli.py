@@ -166,7 +166,7 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
-    from .chaos.faults import KINDS
+    from .chaos.faults import DEFAULT_MASTER, KINDS
 
     parser = commands.add_parser(
         "chaos", help="run a job under faults in a sandbox, then audit its output for lost and duplicated records",
@@ -183,9 +183,9 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
                         help="how long to inject faults, from the job's first committed batch, and longer until each "
                              "chosen kind struck once (120); then input stops and the job catches up")
     parser.add_argument("--partitions", type=_positive, default=2, help="partitions of the input topic (2)")
-    parser.add_argument("--master", type=_spark_master, default="local[2,4]",
-                        help="the job's Spark master (local[2,4]: two cores, each task tried up to 4 times as on a "
-                             "cluster)")
+    parser.add_argument("--master", type=_spark_master, default=DEFAULT_MASTER,
+                        help=f"the job's Spark master ({DEFAULT_MASTER}: two cores, each task tried up to 4 times as "
+                             "on a cluster)")
     parser.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
                         help="give up waiting for the job to catch up after this long in all (900)")
     parser.add_argument("--workdir", type=Path, help="keep the sandbox's files there (default: a temporary "

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from .faults import DEFAULT_MASTER
 from .report import ChaosReport, report_from_json
 
 
@@ -33,7 +34,7 @@ class ChaosRunFailed(RuntimeError):
 
 
 def run(job: str | Path | dict[str, Any], faults: str | dict[str, float] | None = None, *, seed: int = 1,
-        rate: int = 100, duration_s: float = 120.0, partitions: int = 2, master: str = "local[2,4]",
+        rate: int = 100, duration_s: float = 120.0, partitions: int = 2, master: str = DEFAULT_MASTER,
         timeout_s: float = 900.0, workdir: str | Path | None = None, report_html: str | Path | None = None,
         env: dict[str, str] | None = None) -> ChaosReport:
     """Run `job` (a job file, or a job as a dict) under `faults` (`--faults`'s text, or {kind: mean seconds}; None

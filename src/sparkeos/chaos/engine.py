@@ -33,7 +33,7 @@ from ..jobs.spec import JobSpec
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import failpoints, sink_data_source
 from .cluster import StandaloneCluster, executor_of
-from .faults import NETWORK_FAULTS, TASK_KILLS, Schedule, local_cores
+from .faults import DEFAULT_MASTER, NETWORK_FAULTS, TASK_KILLS, Schedule, local_cores
 from .input import InputGenerator, produce_with_retry
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
@@ -56,9 +56,7 @@ class ChaosSettings:
     rate: int = 100  # input records a second
     fault_period_s: float = 120.0
     partitions: int = 2
-    # Tasks retried as on a cluster (spark.task.maxFailures 4): a local master otherwise fails the query at the first
-    # failed task, which a network fault is.
-    master: str = "local[2,4]"
+    master: str = DEFAULT_MASTER
     timeout_s: float = 900.0
     workdir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment for the job's driver

@@ -52,6 +52,9 @@ KINDS = {kind.name: kind for kind in (
                                 "survive in its WAL), restarted after a random outage of up to 5 s", 40.0,
               needs="postgres"),
 )}
+# Two cores, each task tried up to four times as Spark does on a cluster (spark.task.maxFailures): a local master
+# otherwise fails the query at the first failed task, which a network fault is.
+DEFAULT_MASTER = "local[2,4]"
 NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
 TASK_KILLS = ("python-worker-kill", "executor-kill")  # aimed at a task in its transaction
 MAX_OUTAGE_S = 5.0
@@ -62,7 +65,7 @@ class FaultError(ValueError):
     """`--faults` names something that cannot be done to this job."""
 
 
-def applicable(spec: JobSpec, master: str = "local[2,4]") -> list[str]:
+def applicable(spec: JobSpec, master: str = DEFAULT_MASTER) -> list[str]:
     """The kinds that apply to the job run on `master`: all but those needing what it does not have."""
     parts = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
     if is_local(master):
@@ -83,7 +86,7 @@ def local_cores(master: str) -> int:
     return (os.cpu_count() or 1) if cores == "*" else int(cores)
 
 
-def parse_faults(text: str | None, spec: JobSpec, master: str = "local[2,4]") -> dict[str, float]:
+def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER) -> dict[str, float]:
     """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given."""
     kinds = applicable(spec, master)
     if text is None:

@@ -130,7 +130,7 @@ def live_table(report: ChaosReport) -> Table:
     for column in ("elapsed", "input", "processed", "lag", "batch", "restarts", "faults"):
         table.add_column(column, justify="right")
     last = report.samples[-1] if report.samples else None
-    faults = ", ".join(f"{kind} {count}" for kind, count in sorted(report.injected.items())) or "-"
+    faults = _faults_so_far(report) or "-"
     values = ([f"{last.at:.0f} s", last.input, last.processed, last.lag, last.batch, last.restarts] if last
               else ["0 s", "", "", "", "", 0])
     table.add_row(*("" if v is None else str(v) for v in values), faults)
@@ -155,7 +155,7 @@ class PlainProgress:
 def live_line(report: ChaosReport) -> str:
     """What `live_table` shows, as one line, for a console that is not a terminal (a CI log)."""
     last = report.samples[-1] if report.samples else None
-    faults = ", ".join(f"{kind} {count}" for kind, count in sorted(report.injected.items())) or "none yet"
+    faults = _faults_so_far(report) or "none yet"
     if last is None:
         return f"chaos: starting; faults {faults}"
     def known(value: int | None) -> str:
@@ -163,6 +163,10 @@ def live_line(report: ChaosReport) -> str:
 
     return (f"chaos: {last.at:.0f} s, input {last.input}, processed {known(last.processed)}, lag {known(last.lag)}, "
             f"batch {known(last.batch)}, restarts {last.restarts}; faults {faults}")
+
+
+def _faults_so_far(report: ChaosReport) -> str:
+    return ", ".join(f"{kind} {count}" for kind, count in sorted(report.injected.items()))
 
 
 def _recovery(times: list[float]) -> str:
