@@ -15,13 +15,20 @@ import pytest
 import yaml
 
 from sparkeos.chaos import KINDS, ChaosRunFailed, FaultError, parse_faults, run
-from sparkeos.chaos.engine import FEED_CHUNKS_PER_S, UNTIL_EACH_KIND_S, Feeder, input_may_end, left_pending
+from sparkeos.chaos.engine import (
+    FEED_CHUNKS_PER_S,
+    UNTIL_EACH_KIND_S,
+    Feeder,
+    committed_input,
+    input_may_end,
+    left_pending,
+)
 from sparkeos.chaos.faults import Schedule, applicable
-from sparkeos.chaos.input import InputGenerator, ddl_fields
+from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
 from sparkeos.spark import sink_data_source
-from sparkeos.verify import iter_records
+from sparkeos.verify import READ_UNCOMMITTED, iter_records, read_values
 from support.browser import rendered_dom
 from support.runtime_only import runtime_environment
 from support.spark import create_topic, unique, wait_for
@@ -85,6 +92,8 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     assert report["expected"] == report["delivered"] > 0
     assert report["missing"] == report["duplicated"] == report["unexpected"] == 0
     assert report["input_records"] >= 15 * 60
+    # Input the job must never see: records of transactions the feeder aborted.
+    assert report["aborted_input_records"] > 0
     # Every chosen kind struck at least once, and the job recovered from each blow.
     assert set(report["injected"]) == {item.split("=")[0] for item in faults.split(",")}, report
     assert report["restarts"] >= report["injected"]["driver-kill"] + report["injected"]["driver-kill-mid-commit"]
@@ -103,8 +112,12 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
 def test_a_sink_that_publishes_a_recommitted_batch_twice_is_reported_inexact_with_samples(runtime_python, tmp_path):
     """The broken sink (support/broken_files_sink) publishes by copying: when the next driver finishes a decision that
-    a killed driver left half committed, the part committed before the kill is published twice."""
-    job = EXAMPLES / "people-files.yaml"
+    a killed driver left half committed, the part committed before the kill is published twice. And the job reads its
+    input read_uncommitted: the records of the input's aborted transactions reach the output."""
+    document = yaml.safe_load((EXAMPLES / "people-files.yaml").read_text())
+    document["source"]["kafka.isolation.level"] = "read_uncommitted"
+    job = tmp_path / "people-files-uncommitted.yaml"
+    job.write_text(yaml.safe_dump(document))
     environment = {"PYTHONPATH": str(BROKEN_SINK)}
     page = tmp_path / "chaos.html"
     # The shortest fault period: the one kind goes on until it struck once, and one such kill is all it takes.
@@ -115,6 +128,8 @@ def test_a_sink_that_publishes_a_recommitted_batch_twice_is_reported_inexact_wit
     assert not report["exact"] and report["injected"]["driver-kill-mid-commit"] >= 1, report
     assert report["duplicated"] > 0 and report["missing"] == 0, report
     assert report["samples"]["duplicated"], report
+    assert 0 < report["unexpected"] <= report["aborted_input_records"], report
+    assert report["samples"]["unexpected"], report
     assert "NOT exact" in result.stderr and "output duplicated" in result.stderr
     # Its stderr is a log, not a terminal: progress lines, then the report's tables, each on lines of its own.
     assert re.search(r"^chaos: \d+ s, input \d+, processed", result.stderr, re.M), result.stderr[:2000]
@@ -232,23 +247,59 @@ def test_generated_input_follows_the_jobs_format(tmp_path):
     assert InputGenerator(spec, seed=4, registry_url=None, topic="in").batch(1000) != values
 
 
+def feeder_job(tmp_path: Path, bad_records: str = "fail"):
+    return parse_job({"name": "j", "source": {"kafka.bootstrap.servers": "x:1", "subscribe": "in"},
+                      "format": {"type": "json", "schema": "id INT, name STRING, age INT"},
+                      "sink": {"topic": "out"}, "checkpoint": str(tmp_path), "bad_records": {"policy": bad_records}})
+
+
 def test_the_feeder_spreads_each_chunk_over_the_partitions(broker, tmp_path):
     """A batch of one partition has one transaction, which is never half committed: were a chunk's records to go
     to one partition, a job that keeps up with the feeder would give a mid-commit kill no moment to strike."""
-    spec = parse_job({"name": "j", "source": {"kafka.bootstrap.servers": "x:1", "subscribe": "in"},
-                      "format": {"type": "json", "schema": "id INT, name STRING, age INT"},
-                      "sink": {"topic": "out"}, "checkpoint": str(tmp_path), "bad_records": {"policy": "fail"}})
     topic = create_topic(broker.bootstrap_servers, unique("chaos-input"), partitions=2)
-    feeder = Feeder(broker.bootstrap_servers, topic, InputGenerator(spec, seed=3, registry_url=None, topic=topic),
-                    rate=60)
+    generator = InputGenerator(feeder_job(tmp_path), seed=3, registry_url=None, topic=topic)
+    feeder = Feeder(broker.bootstrap_servers, topic, generator, rate=60, seed=3)
     feeder.start()
-    wait_for(lambda: feeder.acknowledged >= 30 or feeder.failed, timeout_s=30, what="the first chunk")
+    wait_for(lambda: feeder.acknowledged + feeder.aborted >= 30 or feeder.failed, timeout_s=30,
+             what="the first chunk")
     feeder.stop()
     assert not feeder.failed
     chunk = 60 // FEED_CHUNKS_PER_S
-    first_chunk = Counter(record.partition for record in iter_records(broker.bootstrap_servers, topic)
+    # Read uncommitted: the first chunk may be one of those aborted.
+    first_chunk = Counter(record.partition for record in iter_records(broker.bootstrap_servers, topic,
+                                                                      isolation_level=READ_UNCOMMITTED)
                           if json.loads(record.value)["id"] <= chunk)
     assert sum(first_chunk.values()) == chunk and len(first_chunk) == 2, first_chunk
+
+
+def test_the_feeder_aborts_some_chunks_and_loses_nothing_when_the_broker_is_killed(broker_process, tmp_path):
+    """Aborted input is what a job reading read_committed must never let through: the feeder aborts about one chunk
+    in ABORT_ONE_IN, and a broker killed under it neither loses nor doubles a record (the audit's expected output is
+    whatever the input topic holds, so a feeder that lost records would go unnoticed there)."""
+    bootstrap = broker_process.bootstrap_servers
+    topic = create_topic(bootstrap, unique("chaos-input"), partitions=2)
+    generator = InputGenerator(feeder_job(tmp_path, "skip"), seed=5, registry_url=None, topic=topic)
+    feeder = Feeder(bootstrap, topic, generator, rate=1000, seed=5)
+    feeder.start()
+    try:
+        wait_for(lambda: feeder.acknowledged >= 2000 or feeder.failed, timeout_s=60, what="records before the kill")
+        before = feeder.acknowledged
+        broker_process.kill()
+        broker_process.start()
+        wait_for(lambda: feeder.acknowledged >= before + 2000 or feeder.failed, timeout_s=120,
+                 what="records after the restart")
+    finally:
+        feeder.stop()
+    assert not feeder.failed, feeder.failed
+    assert feeder.aborted > 0 and feeder.acknowledged + feeder.aborted + feeder.uncertain == generator.produced
+    committed, corrupt = committed_input(bootstrap, topic)
+    assert feeder.acknowledged <= committed <= feeder.acknowledged + feeder.uncertain, (committed, feeder.uncertain)
+    assert 0 < corrupt < committed // 400, corrupt
+    ids = [json.loads(value)["id"] for value in read_values(bootstrap, topic, isolation_level=READ_UNCOMMITTED)
+           if value != CORRUPT_VALUE]
+    assert len(ids) == len(set(ids)), "a record was written twice"
+    committed_ids = {json.loads(value)["id"] for value in read_values(bootstrap, topic) if value != CORRUPT_VALUE}
+    assert len(committed_ids) == committed - corrupt and len(set(ids) - committed_ids) > 0
 
 
 def test_work_a_sink_left_pending_after_the_clean_stop_makes_the_run_inexact(tmp_path):

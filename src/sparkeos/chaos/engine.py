@@ -15,26 +15,29 @@ to catch up, stopped cleanly and audited against its own transformation.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from ..jobs.audit import AuditReport, audit_in_this_process
 from ..jobs.runner import Supervisor
 from ..jobs.spec import JobSpec
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import failpoints, sink_data_source
+from ..verify import read_values
 from .cluster import StandaloneCluster, executor_of
 from .faults import DEFAULT_MASTER, NETWORK_FAULTS, TASK_KILLS, Schedule, local_cores
-from .input import InputGenerator, produce_with_retry
+from .input import CORRUPT_VALUE, InputGenerator, produce_with_retry
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
 from .sandbox import Sandbox, start_sandbox
@@ -46,6 +49,9 @@ TICK_S = 0.1
 SAMPLE_EVERY_S = 1.0
 HOLD_WAIT_S = 60  # how long an aimed kill waits for a batch (or a task) to reach its step
 FEED_CHUNKS_PER_S = 2
+ABORT_ONE_IN = 5  # about one chunk of input in this many is fed in a transaction that is then aborted
+FEED_CALL_TIMEOUT_S = 30
+FEED_OUTAGE_S = 120  # how long the feeder calls the broker again while it is away
 UNTIL_EACH_KIND_S = 600  # how much longer than the fault period a run waits for a kind that has not struck yet
 
 
@@ -72,46 +78,93 @@ def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injec
 
 
 class Feeder(threading.Thread):
-    """Produces input at `rate` records a second until stopped, idempotently (a broker killed under it loses
-    nothing); `stop()` returns once every record is acknowledged or failed."""
+    """Produces input at `rate` records a second until stopped, a transaction per chunk; about one chunk in
+    ABORT_ONE_IN is aborted: input that a job reading read_committed must never let through. A broker killed under it
+    loses nothing: a call failing while the broker is away is made again, a transaction that cannot commit any more
+    is aborted, and a producer that failed for good is replaced (the new one's init_transactions ends what the old
+    one left; how it ended shows in the topic, which `committed_input` reads at the end). `stop()` returns once the
+    last transaction ended."""
 
-    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator, rate: int):
+    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator, rate: int, seed: int):
         super().__init__(name="chaos-input", daemon=True)
-        self.topic, self.generator, self.rate = topic, generator, rate
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                                  "compression.type": "lz4", **SILENT_CLIENT})
-        self.acknowledged = 0
+        self.bootstrap, self.topic, self.generator, self.rate = bootstrap, topic, generator, rate
+        self.random = random.Random(seed)
+        self.transactional_id = f"sparkeos-chaos-input-{uuid.uuid4().hex[:12]}"
+        self.producer: Producer | None = None
+        self.acknowledged = 0  # records of committed transactions
+        self.aborted = 0  # records of aborted transactions
+        self.uncertain = 0  # records of transactions whose producer failed for good
         self.failed: list[str] = []
         self.stopping = threading.Event()
 
-    def _delivered(self, error, _message) -> None:
-        if error is None:
-            self.acknowledged += 1
-        else:
-            self.failed.append(str(error))
-
     def run(self) -> None:
         try:
+            self.producer = self._new_producer()
             started = time.monotonic()
             chunk = 0
             while not self.stopping.is_set():
-                target = self.rate * (chunk + 1) // FEED_CHUNKS_PER_S - self.rate * chunk // FEED_CHUNKS_PER_S
+                count = self.rate * (chunk + 1) // FEED_CHUNKS_PER_S - self.rate * chunk // FEED_CHUNKS_PER_S
                 first = self.generator.produced + 1
-                for number, value in enumerate(self.generator.batch(target), start=first):
-                    # Each record keyed by its own number: librdkafka sends the keyless records of a short burst to
-                    # one partition, and a batch of one partition has one transaction, never half committed.
-                    produce_with_retry(self.producer, self.topic, value, self._delivered, key=str(number).encode())
-                self.producer.poll(0)
+                self._transaction(first, self.generator.batch(count), commit=self.random.randrange(ABORT_ONE_IN) > 0)
                 chunk += 1
                 self.stopping.wait(max(started + chunk / FEED_CHUNKS_PER_S - time.monotonic(), 0))
-            while self.producer.flush(5):
-                pass
         except BaseException as error:  # reported with the run
             self.failed.append(repr(error))
+
+    def _transaction(self, first: int, values: list[bytes], commit: bool) -> None:
+        producer = self.producer
+        try:
+            producer.begin_transaction()
+            for number, value in enumerate(values, start=first):
+                # Each record keyed by its own number: librdkafka sends the keyless records of a short burst to one
+                # partition, and a batch of one partition has one transaction, never half committed.
+                produce_with_retry(producer, self.topic, value, key=str(number).encode())
+            if commit:
+                self._call(lambda: producer.commit_transaction(FEED_CALL_TIMEOUT_S))
+                self.acknowledged += len(values)
+            else:
+                # Sent first: an abort purges the records still queued, and aborted input that never reached the
+                # topic would prove nothing.
+                producer.flush(FEED_CALL_TIMEOUT_S)
+                self._call(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S))
+                self.aborted += len(values)
+        except KafkaException as failed:
+            if failed.args[0].txn_requires_abort():
+                self._call(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S))
+                self.aborted += len(values)
+            elif failed.args[0].fatal() or failed.args[0].retriable():
+                self.uncertain += len(values)
+                self.producer = self._new_producer()
+            else:
+                raise
+
+    def _new_producer(self) -> Producer:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
+                             "linger.ms": 20, "compression.type": "lz4", **SILENT_CLIENT})
+        self._call(lambda: producer.init_transactions(FEED_CALL_TIMEOUT_S))
+        return producer
+
+    @staticmethod
+    def _call(call: Callable[[], None]) -> None:
+        """`call`, made again while it fails with an error that says so (the broker is away), for FEED_OUTAGE_S."""
+        deadline = time.monotonic() + FEED_OUTAGE_S
+        while True:
+            try:
+                return call()
+            except KafkaException as failed:
+                if not failed.args[0].retriable() or time.monotonic() > deadline:
+                    raise
 
     def stop(self) -> None:
         self.stopping.set()
         self.join()
+
+
+def committed_input(bootstrap: str, topic: str) -> tuple[int, int]:
+    """The records of `topic` a read_committed reader reads, and how many of them are not decodable: what the run fed,
+    whatever became of the transactions whose producer failed."""
+    values = read_values(bootstrap, topic, config=SILENT_CLIENT)
+    return len(values), sum(1 for value in values if value == CORRUPT_VALUE)
 
 
 class ChaosRun:
@@ -195,7 +248,7 @@ class ChaosRun:
                 return None
 
         lag = LagCluster({"bootstrap.servers": sandbox.bootstrap, **SILENT_CLIENT}, timeout_s=10)
-        feeder = Feeder(sandbox.bootstrap, sandbox.topics.input, generator, settings.rate)
+        feeder = Feeder(sandbox.bootstrap, sandbox.topics.input, generator, settings.rate, settings.seed)
         schedule: Schedule | None = None  # drawn once the job committed its first batch
         supervisor.start_driver()
         self.event("started", f"driver on {master}")
@@ -317,8 +370,9 @@ class ChaosRun:
         for injector in injectors.values():
             self._stop_injector(injector)
         feeder.stop()
-        self.report.input_records = feeder.acknowledged
-        self.report.corrupt_records = generator.corrupt
+        self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
+                                                                                 sandbox.topics.input)
+        self.report.aborted_input_records = generator.produced - self.report.input_records
         self.report.feed_errors = feeder.failed[:5]
         self.report.restarts = supervisor.restarts
         return supervisor

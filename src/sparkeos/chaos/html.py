@@ -97,7 +97,8 @@ th:first-child, td:first-child {{ text-align: left; }}
 </style></head><body>
 <h1>sparkeos chaos: {html.escape(report.job_name or report.job)}</h1>
 <p class="verdict" id="verdict">{verdict}</p>
-<p class="facts">seed {report.seed}; {report.input_records} input records ({report.corrupt_records} not decodable);
+<p class="facts">seed {report.seed}; {report.input_records} input records ({report.corrupt_records} not decodable;
+{report.aborted_input_records} more in aborted transactions);
 {report.restarts} restarts; {report.seconds:.0f} s; sandbox: {html.escape(sandbox)}</p>
 <ul id="problems">{problems}</ul>
 {chart}

@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 from ..jobs.spec import JobSpec
 
 STRING_POOL = 12
+CORRUPT_VALUE = b"\x00\x00not decodable"
 CORRUPT_EVERY = 500  # one record the format cannot decode per this many, when the job keeps going past them
 SPARK_INTEGERS = {"int", "integer", "bigint", "long", "smallint", "short", "tinyint", "byte"}
 SPARK_FRACTIONS = {"double", "float", "real"}
@@ -172,7 +173,7 @@ class InputGenerator:
             self.produced += 1
             if self.with_corrupt and self.produced % CORRUPT_EVERY == 0:
                 self.corrupt += 1
-                records.append(b"\x00\x00not decodable")
+                records.append(CORRUPT_VALUE)
             else:
                 records.append(self._encode())
         return records

@@ -50,6 +50,7 @@ class ChaosReport:
     restarts: int = 0
     input_records: int = 0
     corrupt_records: int = 0
+    aborted_input_records: int = 0  # fed in transactions the feeder aborted: no reader may see them
     feed_errors: list[str] = field(default_factory=list)
     fault_errors: list[str] = field(default_factory=list)  # a fault injector that failed
     leftovers: list[str] = field(default_factory=list)  # what the sink held pending after the clean stop
@@ -95,6 +96,7 @@ class ChaosReport:
             "leftovers": list(self.leftovers),
             "input_records": self.input_records,
             "corrupt_records": self.corrupt_records,
+            "aborted_input_records": self.aborted_input_records,
             "faults": dict(self.faults_chosen), "injected": dict(self.injected), "missed": dict(self.missed),
             "restarts": self.restarts, "recovery_s": {k: list(v) for k, v in self.recovery_s.items()},
             "sandbox": dict(self.sandbox), "seconds": self.seconds, "workdir": self.workdir,
@@ -116,6 +118,7 @@ def report_from_json(data: dict[str, Any]) -> ChaosReport:
                          sandbox=dict(data["sandbox"]), injected=dict(data["injected"]), missed=dict(data["missed"]),
                          recovery_s={k: list(v) for k, v in data["recovery_s"].items()}, restarts=data["restarts"],
                          input_records=data["input_records"], corrupt_records=data["corrupt_records"],
+                         aborted_input_records=data["aborted_input_records"],
                          audit=audit, seconds=data["seconds"],
                          events=[Event(**e) for e in data["events"]], samples=[Sample(**s) for s in data["timeline"]])
     report.timed_out, report.gave_up = data["timed_out"], data["gave_up"]
@@ -188,7 +191,8 @@ def print_report(report: ChaosReport, console: Console) -> None:
         faults.add_row(kind, f"{report.injected.get(kind, 0)}" + (f" ({missed} missed)" if missed else ""),
                        _recovery(report.recovery_s.get(kind, [])))
     console.print(faults)
-    console.print(f"input {report.input_records} records ({report.corrupt_records} not decodable), restarts "
+    console.print(f"input {report.input_records} records ({report.corrupt_records} not decodable; "
+                  f"{report.aborted_input_records} more in aborted transactions), restarts "
                   f"{report.restarts}, {report.seconds:.0f} s; sandbox: "
                   + ", ".join(f"{name} {where}" for name, where in report.sandbox.items()), highlight=False)
     for line in sample_lines(audit) if audit is not None else []:
