@@ -36,6 +36,7 @@ from support.spark import create_topic, unique, wait_for
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 BROKEN_SINK = Path(__file__).parent / "support" / "broken_files_sink"
+DIRTY_READ_SINK = Path(__file__).parent / "support" / "dirty_read_files_sink"
 CHAOS_TIMEOUT_S = 600
 # Short intervals, so that each kind strikes within the short fault period of a test.
 # A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
@@ -106,6 +107,9 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     assert task_kills and all(f"at {step}" in e["detail"] for e in task_kills), task_kills
     if load_job(job).bad_records.policy == "dead-letter":
         assert report["dead_lettered"] == report["corrupt_records"] > 0
+    # A reader read the output all along (a Kafka topic's read_committed view only grows: the audit sees it all).
+    if not load_job(job).sink.is_kafka:
+        assert report["watched"]["reads"] >= 20 and report["watched"]["vanished"] == 0, report["watched"]
     check_html_report(page, report)
 
 
@@ -136,6 +140,27 @@ def test_a_sink_that_publishes_a_recommitted_batch_twice_is_reported_inexact_wit
     assert not re.search(r"[┘┛][ \t]*\S", result.stderr), result.stderr
     check_html_report(page, report)
     assert "<b>output duplicated</b>" in rendered_dom(page)
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_a_sink_whose_readers_see_uncommitted_rows_is_reported_inexact_though_its_end_state_is_exact(
+        runtime_python, tmp_path):
+    """The broken sink (support/dirty_read_files_sink) stages files where readers see them and publishes them a while
+    later: what it leaves is exact, and only the reader watching the output while the job runs sees rows come and
+    go. No fault is needed for that."""
+    job = EXAMPLES / "people-files.yaml"
+    environment = {"PYTHONPATH": str(DIRTY_READ_SINK)}
+    result = chaos(runtime_python, job, "--faults", "none", "--duration", "10", "--rate", "60", "--json",
+                   "--workdir", str(tmp_path / "work"), env=environment)
+    report = last_json(result)
+    assert result.returncode == 1, report
+    assert report["expected"] == report["delivered"] > 0, report
+    assert report["missing"] == report["duplicated"] == report["unexpected"] == 0, report
+    assert not report["exact"] and not report["injected"], report
+    watched = report["watched"]
+    assert watched["reads"] >= 10 and watched["vanished"] > 0 and watched["samples"], watched
+    assert any("a reader watching the output saw" in problem for problem in report["problems"]), report["problems"]
+    assert "a reader watching the output saw" in result.stderr
 
 
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
@@ -194,6 +219,9 @@ def test_the_default_faults_are_every_kind_that_applies_to_the_job():
     assert set(parse_faults(None, postgres, "spark://127.0.0.1:7077")) == set(KINDS) - {"python-worker-kill",
                                                                                       "executor-kill"}
     assert parse_faults("driver-kill=7.5s,broker-kill", kafka) == {"driver-kill": 7.5, "broker-kill": 40.0}
+    assert parse_faults("none", kafka) == {}  # a run without faults: what the readers see, the audit
+    with pytest.raises(FaultError, match="none stands alone"):
+        parse_faults("none,driver-kill", kafka)
     with pytest.raises(FaultError, match="KIND one of driver-kill, driver-kill-mid-commit"):
         parse_faults("driver-kill:5", kafka)
 

@@ -175,7 +175,8 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
             f"  {kind.name:24} {kind.what} (every {kind.mean_interval_s:.0f} s)" for kind in KINDS.values()))
     parser.add_argument("job", type=Path, help="the job file")
     parser.add_argument("--faults", metavar="KIND[=SECONDS],...",
-                        help="the faults to inject (default: every kind that applies to the job)")
+                        help="the faults to inject (default: every kind that applies to the job); none: the job "
+                             "run without faults, its output watched and audited")
     parser.add_argument("--seed", type=int, default=1, help="seed of the input and of the fault schedule (1)")
     parser.add_argument("--rate", type=_positive, default=100, metavar="RECORDS",
                         help="input records fed a second (100)")

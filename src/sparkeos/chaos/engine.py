@@ -9,7 +9,8 @@ to catch up, stopped cleanly and audited against its own transformation.
    starve the job.
 3. Stop feeding, and wait until the query's checkpoint shows it processed all of the input.
 4. Stop the driver cleanly and audit the output, read as an independent reader reads it: missing, duplicated and
-   unexpected records, with samples.
+   unexpected records, with samples. All through the run, from the start to the clean stop, a reader watched the
+   output (watcher.py): a record it saw must not vanish.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .input import CORRUPT_VALUE, InputGenerator, produce_with_retry
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
 from .sandbox import Sandbox, start_sandbox
+from .watcher import OutputWatcher
 
 # The run's own clients say nothing: their complaints of a broker the run killed are expected, and what matters shows
 # in delivery reports and the run's checks.
@@ -200,7 +202,7 @@ class ChaosRun:
             pool = ThreadPoolExecutor(1, thread_name_prefix="chaos-spark-cluster")
             starting = pool.submit(cluster.start, workers)
             pool.shutdown(wait=False)  # its one task runs on
-        supervisor = sandbox = None
+        supervisor = sandbox = watcher = None
         try:
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
                                     self.settings.seed)
@@ -212,12 +214,18 @@ class ChaosRun:
                                                 f"in place of {self.settings.master})")
             else:
                 self.report.sandbox["Spark"] = master
+            sink, options = sink_data_source(sandbox.spec.sink.format), sandbox.spec.sink.options
+            watcher = OutputWatcher(lambda: sink.visible_records(options), self.elapsed)
+            watcher.start()
             supervisor = self._drive(sandbox, master, cluster)
             supervisor.stop()
             self.event("stopped", "the driver stopped cleanly")
+            self.report.watched = watcher.stop()
             self.report.leftovers = left_pending(sandbox.spec)
             self.report.audit = audit_sandbox(sandbox, self.workdir / "audit.log")
         finally:
+            if watcher is not None:
+                watcher.stopping.set()
             if supervisor is not None:
                 supervisor.kill_driver()
             if cluster is not None:

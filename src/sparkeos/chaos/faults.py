@@ -86,17 +86,26 @@ def local_cores(master: str) -> int:
     return (os.cpu_count() or 1) if cores == "*" else int(cores)
 
 
+NO_FAULTS = "none"
+
+
 def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER) -> dict[str, float]:
-    """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given."""
+    """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given, and
+    none for `none` (the job run and audited as it is)."""
     kinds = applicable(spec, master)
     if text is None:
         return {name: KINDS[name].mean_interval_s for name in kinds}
+    items = [part.strip() for part in text.split(",")]
+    if NO_FAULTS in items:
+        if len(items) > 1:
+            raise FaultError(f"--faults {NO_FAULTS} stands alone: it runs the job without faults (got {text!r})")
+        return {}
     chosen: dict[str, float] = {}
-    for item in (part.strip() for part in text.split(",")):
+    for item in items:
         match = _FAULT.fullmatch(item)
         if not match or match["kind"] not in KINDS:
             raise FaultError(f"unknown fault {item!r}: --faults takes KIND[=SECONDS] items separated by commas, "
-                             f"KIND one of {', '.join(KINDS)}")
+                             f"KIND one of {', '.join(KINDS)}; or {NO_FAULTS}")
         name = match["kind"]
         if name not in kinds:
             raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[KINDS[name].needs]}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .report import ChaosReport
+from .report import ChaosReport, watch_summary
 
 FAULT_COLOURS = {"driver-kill": "#d62728", "driver-kill-mid-commit": "#9467bd", "python-worker-kill": "#e377c2",
                  "executor-kill": "#7f7f7f", "broker-kill": "#ff7f0e", "postgres-crash": "#8c564b",
@@ -82,6 +82,8 @@ def render(report: ChaosReport) -> str:
                            for kind in report.faults_chosen])
     problems = "".join(f"<li>{html.escape(p)}</li>" for p in report.problems)
     verdict = "exact" if report.exact else "NOT exact"
+    watched = (f"A reader watched the output all along: {html.escape(watch_summary(report.watched))}."
+               if report.watched is not None else "")
     sandbox = ", ".join(f"{name} {where}" for name, where in report.sandbox.items())
     chart = timeline(report).to_html(full_html=False, include_plotlyjs=True, div_id=TIMELINE_ID)
     return f"""<!DOCTYPE html>
@@ -105,6 +107,7 @@ th:first-child, td:first-child {{ text-align: left; }}
 <h2>Audit: the output as an independent reader reads it</h2>
 <div id="audit">{audit_table}</div>
 <ul id="samples">{samples}</ul>
+<p class="facts" id="watched">{watched}</p>
 <h2>Faults</h2>
 <div id="faults">{faults_table}</div>
 </body></html>

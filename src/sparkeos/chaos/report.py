@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..jobs.audit import AuditReport, Comparison, audit_table, sample_lines
+from .watcher import WatchReport
 
 PLAIN_INTERVAL_S = 10.0  # between two progress lines on a console that is not a terminal
 
@@ -54,6 +55,7 @@ class ChaosReport:
     feed_errors: list[str] = field(default_factory=list)
     fault_errors: list[str] = field(default_factory=list)  # a fault injector that failed
     leftovers: list[str] = field(default_factory=list)  # what the sink held pending after the clean stop
+    watched: WatchReport | None = None  # what the reader watching the output saw; None: the sink's view is not watched
     timed_out: bool = False
     gave_up: str | None = None
     audit: AuditReport | None = None
@@ -76,6 +78,8 @@ class ChaosReport:
         found += self.fault_errors
         if self.leftovers:
             found.append(f"{len(self.leftovers)} left pending after the clean stop: {'; '.join(self.leftovers[:5])}")
+        if self.watched is not None:
+            found += self.watched.problems
         return found
 
     @property
@@ -94,6 +98,7 @@ class ChaosReport:
             "problems": self.problems, "timed_out": self.timed_out, "gave_up": self.gave_up,
             "feed_errors": list(self.feed_errors), "fault_errors": list(self.fault_errors),
             "leftovers": list(self.leftovers),
+            "watched": self.watched.to_json() if self.watched is not None else None,
             "input_records": self.input_records,
             "corrupt_records": self.corrupt_records,
             "aborted_input_records": self.aborted_input_records,
@@ -125,6 +130,7 @@ def report_from_json(data: dict[str, Any]) -> ChaosReport:
     report.feed_errors = list(data["feed_errors"])
     report.fault_errors = list(data["fault_errors"])
     report.leftovers = list(data["leftovers"])
+    report.watched = WatchReport(**data["watched"]) if data.get("watched") else None
     return report
 
 
@@ -195,8 +201,15 @@ def print_report(report: ChaosReport, console: Console) -> None:
                   f"{report.aborted_input_records} more in aborted transactions), restarts "
                   f"{report.restarts}, {report.seconds:.0f} s; sandbox: "
                   + ", ".join(f"{name} {where}" for name, where in report.sandbox.items()), highlight=False)
+    if report.watched is not None:
+        console.print(f"a reader watched the output all along: {watch_summary(report.watched)}", highlight=False)
     for line in sample_lines(audit) if audit is not None else []:
         console.print(f"[red]{line}[/]", highlight=False)
     for problem in report.problems:
         console.print(f"[red]{problem}[/]", highlight=False)
     console.print("[bold green]exact[/]" if report.exact else "[bold red]NOT exact[/]")
+
+
+def watch_summary(watched: WatchReport) -> str:
+    return (f"{watched.reads} reads ({watched.unavailable} unanswered while the store was away), {watched.vanished} "
+            f"records vanished, {watched.failed} reads failed")

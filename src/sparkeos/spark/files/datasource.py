@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pyspark.sql.types import StructType
 
+from ..reader_view import record_texts
 from ..two_phase_commit import TwoPhaseCommitDataSource
 from .options import check_input_schema, parse_file_sink_options
 from .sink import FileSink
@@ -29,6 +32,28 @@ class FilesDataSource(TwoPhaseCommitDataSource):
         listed = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
         return sum(1 for info in listed if info.type == pafs.FileType.File
                    and not any(part.startswith(("_", ".")) for part in info.path[len(root):].split("/")))
+
+    @classmethod
+    def visible_records(cls, options: dict[str, str]) -> Counter[str]:
+        """The rows a reader of the directory ``options`` name sees now: pyarrow.dataset's listing (no path under a
+        ``_`` or ``.`` name), Hive partitions from directory names (see ``reader_view``)."""
+        import pyarrow.dataset as ds
+        from pyarrow import fs as pafs
+
+        from ...locations import open_location
+
+        parsed = parse_file_sink_options(options)
+        filesystem, root = open_location(parsed.path)
+        if filesystem.get_file_info(root).type == pafs.FileType.NotFound:
+            return Counter()
+        file_format: str | ds.FileFormat = parsed.format
+        if parsed.format == "csv":
+            import pyarrow.csv
+
+            file_format = ds.CsvFileFormat(read_options=pyarrow.csv.ReadOptions(
+                autogenerate_column_names=not parsed.header))
+        table = ds.dataset(root, filesystem=filesystem, format=file_format, partitioning="hive").to_table()
+        return record_texts(table.to_pylist())
 
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> FileSink:

@@ -39,6 +39,12 @@ class KafkaDataSource(DataSource):
                                config={"log_level": 0}).values())
 
     @classmethod
+    def visible_records(cls, options: dict[str, str]) -> None:
+        """Not watched (``sparkeos.spark.reader_view``): what read_committed readers see of a topic only grows, so a
+        record cannot vanish, and the audit at the end reads every record there is."""
+        return None
+
+    @classmethod
     def left_pending(cls, options: dict[str, str], settle_s: float = 10.0) -> list[str]:
         """The transactions left open on the topic ``options`` name, in words: the partitions whose last stable
         offset stays below the high watermark for ``settle_s`` (a transaction's marker lands just after its commit or

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pyspark.sql.types import StructType
 
+from ..reader_view import OutputUnavailable, record_texts
 from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitDataSource
 from .options import parse_postgres_sink_options
 from .sink import PostgresSink
@@ -41,6 +44,27 @@ class PostgresDataSource(TwoPhaseCommitDataSource):
         table = sql.Identifier(*([parsed.table.schema] if parsed.table.schema else []), parsed.table.name)
         with psycopg.connect(parsed.url, connect_timeout=5) as connection:
             return connection.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
+
+    @classmethod
+    def visible_records(cls, options: dict[str, str]) -> Counter[str] | None:
+        """The rows of the table ``options`` name, as any client reads them now (see ``reader_view``); none for a
+        table of upserts, whose rows change."""
+        import psycopg
+        from psycopg import sql
+
+        parsed = parse_postgres_sink_options(options)
+        if parsed.upsert_keys:
+            return None
+        table = sql.Identifier(*([parsed.table.schema] if parsed.table.schema else []), parsed.table.name)
+        try:
+            with psycopg.connect(parsed.url, connect_timeout=5) as connection:
+                cursor = connection.execute(sql.SQL("SELECT * FROM {}").format(table))
+                names = [column.name for column in cursor.description]
+                return record_texts(dict(zip(names, row, strict=True)) for row in cursor)
+        except psycopg.errors.UndefinedTable:
+            return Counter()  # the job has not created it yet
+        except psycopg.OperationalError as error:
+            raise OutputUnavailable(str(error).strip()) from error
 
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> PostgresSink:

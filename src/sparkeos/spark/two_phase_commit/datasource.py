@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections import Counter
 
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
@@ -51,6 +52,12 @@ class TwoPhaseCommitDataSource(DataSource):
         pending``), in words."""
         return [f"{work.kind} {work.name} of query {work.query}, batch {work.batch}"
                 + (" (decided)" if work.decided else "") for work in cls.operator(options).list_pending()]
+
+    @classmethod
+    def visible_records(cls, options: dict[str, str]) -> Counter[str] | None:
+        """What a reader of the target ``options`` name sees now (``sparkeos.spark.reader_view``); none when the
+        sink does not say how its store is read."""
+        return None
 
     @abstractmethod
     def sink(self, schema: StructType) -> TwoPhaseCommitSink:
