@@ -23,7 +23,7 @@ from sparkeos.chaos.engine import (
     input_may_end,
     left_pending,
 )
-from sparkeos.chaos.faults import Schedule, applicable
+from sparkeos.chaos.faults import HELD_TASK_FAULTS, Schedule, applicable
 from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
@@ -42,7 +42,8 @@ CHAOS_TIMEOUT_S = 600
 # A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
 # as a kill does.
 TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "python-worker-kill": 6, "executor-kill": 10,
-                  "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4}
+                  "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4,
+                  "long-downtime": 15}
 
 
 def chaos(python: Path, job: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -97,14 +98,20 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     assert report["aborted_input_records"] > 0
     # Every chosen kind struck at least once, and the job recovered from each blow.
     assert set(report["injected"]) == {item.split("=")[0] for item in faults.split(",")}, report
-    assert report["restarts"] >= report["injected"]["driver-kill"] + report["injected"]["driver-kill-mid-commit"]
+    assert report["restarts"] >= sum(report["injected"].get(kind, 0) for kind in (
+        "driver-kill", "driver-kill-mid-commit", "long-downtime"))
     assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
     assert "the run's proxy, in front of the broker" in report["sandbox"]["Kafka"]
     assert "the run's standalone cluster: 2 workers" in report["sandbox"]["Spark"]
     # The task kills struck a task in the middle of its transaction, at the sink's own step.
     step = sink_data_source(load_job(job).sink.format).task_transaction_step
-    task_kills = [e for e in report["events"] if e["kind"] in ("python-worker-kill", "executor-kill")]
+    task_kills = [e for e in report["events"] if e["kind"] in HELD_TASK_FAULTS]
     assert task_kills and all(f"at {step}" in e["detail"] for e in task_kills), task_kills
+    # Down past the sink's transaction timeout, until the broker aborted what the killed task had left open.
+    if "long-downtime" in report["injected"]:
+        over = [e for e in report["events"] if e["kind"] == "downtime-over"]
+        assert len(over) == report["injected"]["long-downtime"], report["events"]
+        assert all(float(e["detail"].split()[1]) >= 60 for e in over), over
     if load_job(job).bad_records.policy == "dead-letter":
         assert report["dead_lettered"] == report["corrupt_records"] > 0
     # A reader read the output all along (a Kafka topic's read_committed view only grows: the audit sees it all).
@@ -214,10 +221,15 @@ def test_jobs_the_sandbox_cannot_run_are_refused_with_the_reason(runtime_python,
 def test_the_default_faults_are_every_kind_that_applies_to_the_job():
     kafka, postgres = load_job(EXAMPLES / "people-json.yaml"), load_job(EXAMPLES / "people-postgres.yaml")
     assert set(parse_faults(None, kafka)) == set(KINDS) - {"postgres-crash", "network-postgres"}
-    assert set(parse_faults(None, postgres)) == set(KINDS)
+    assert set(parse_faults(None, postgres)) == set(KINDS) - {"long-downtime"}
     # On a cluster the run did not start, it kills no executor and no Python worker.
-    assert set(parse_faults(None, postgres, "spark://127.0.0.1:7077")) == set(KINDS) - {"python-worker-kill",
-                                                                                      "executor-kill"}
+    assert set(parse_faults(None, postgres, "spark://127.0.0.1:7077")) == set(KINDS) - {
+        "python-worker-kill", "executor-kill", "long-downtime"}
+    # people-etl's transactions time out after 10 minutes: too long a wait for a default run.
+    etl = load_job(EXAMPLES / "people-etl.yaml")
+    assert "long-downtime" not in parse_faults(None, etl)
+    with pytest.raises(FaultError, match="a kafka.transaction.timeout.ms of at most 300000"):
+        parse_faults("long-downtime", etl)
     assert parse_faults("driver-kill=7.5s,broker-kill", kafka) == {"driver-kill": 7.5, "broker-kill": 40.0}
     assert parse_faults("none", kafka) == {}  # a run without faults: what the readers see, the audit
     with pytest.raises(FaultError, match="none stands alone"):

@@ -15,6 +15,7 @@ to catch up, stopped cleanly and audited against its own transformation.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -37,7 +38,14 @@ from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import failpoints, sink_data_source
 from ..verify import read_values
 from .cluster import StandaloneCluster, executor_of
-from .faults import DEFAULT_MASTER, NETWORK_FAULTS, TASK_KILLS, Schedule, local_cores
+from .faults import (
+    DEFAULT_MASTER,
+    HELD_TASK_FAULTS,
+    NETWORK_FAULTS,
+    Schedule,
+    local_cores,
+    transaction_timeout_s,
+)
 from .input import CORRUPT_VALUE, InputGenerator, produce_with_retry
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
@@ -50,6 +58,10 @@ SILENT_CLIENT = {"log_level": 0}
 TICK_S = 0.1
 SAMPLE_EVERY_S = 1.0
 HOLD_WAIT_S = 60  # how long an aimed kill waits for a batch (or a task) to reach its step
+# How much longer than kafka.transaction.timeout.ms a long downtime waits for the broker to abort what was left open
+# (a broker looks for timed-out transactions every few seconds: Kafka's
+# transaction.abort.timed.out.transaction.cleanup.interval.ms is 10 s).
+DOWNTIME_GRACE_S = 60
 FEED_CHUNKS_PER_S = 2
 ABORT_ONE_IN = 5  # about one chunk of input in this many is fed in a transaction that is then aborted
 FEED_CALL_TIMEOUT_S = 30
@@ -267,13 +279,22 @@ class ChaosRun:
         armed: tuple[set, float] | None = None  # a mid-commit kill waiting for its moment: known holds, since when
         aimed: tuple[str, set, float] | None = None  # a task kill waiting for its moment: kind, known holds, since
         last_task_kill: int | None = -1  # the batch committed last when a task was killed
+        down: float | None = None  # a long downtime: since when; the driver is not restarted until it is over
+        timeout_s = transaction_timeout_s(sandbox.spec)
         recovering = self.recovering
         injectors: dict[str, FaultInjector] = {}  # network faults, each kind on a thread of its own
         next_sample = 0.0
         while True:
             now = time.monotonic()
             committed = committed_batch(checkpoint)
-            code = supervisor.driver.poll() if supervisor.driver else None
+            code = supervisor.driver.poll() if supervisor.driver and down is None else None
+            if down is not None and self._downtime_over(down, timeout_s, sink, sandbox.spec.sink.options, now):
+                down = None
+                if not self._restart(supervisor):
+                    break
+                # Its recovery counts from the restart: the downtime itself was the run's doing.
+                recovering.append((Event(self.elapsed(), "long-downtime"), committed))
+                batches_at_start = committed_batch(checkpoint)
             if code is not None:
                 self.event("driver-exit", f"the driver exited with {code} on its own")
                 if armed is not None:  # a hold its processes took died with them
@@ -300,7 +321,11 @@ class ChaosRun:
             struck = False  # a fault this tick: the next waits for the next tick, so that each recovery is its own
             if aimed is not None:
                 held = failpoints.holds(self.failpoints, task_step) - aimed[1]
-                if held:
+                if held and aimed[0] == "long-downtime":
+                    struck = True
+                    down = self._go_down(supervisor, held, task_step, schedule, committed, timeout_s, now)
+                    aimed = None
+                elif held:
                     struck = True
                     self._kill_task(aimed[0], held, task_step, schedule, committed, now,
                                     cluster if aimed[0] == "executor-kill" else None)
@@ -318,10 +343,10 @@ class ChaosRun:
             for kind in [k for k in injectors if now >= faults_end and self.report.injected.get(k)]:
                 self._stop_injector(injectors.pop(kind))
             if schedule is not None and not feeder.stopping.is_set() and input_may_end(
-                    now, faults_end, settings.faults, self.report.injected, len(recovering)):
+                    now, faults_end, settings.faults, self.report.injected, len(recovering) + (down is not None)):
                 feeder.stop()
                 self.event("input-end", f"{feeder.acknowledged} records fed")
-            if schedule is not None and not feeder.stopping.is_set() and not struck:
+            if schedule is not None and not feeder.stopping.is_set() and not struck and down is None:
                 own_batch = committed is not None and (batches_at_start is None or committed > batches_at_start)
                 for due in schedule.due_now(now):
                     if now >= faults_end and self.report.injected.get(due):
@@ -338,7 +363,7 @@ class ChaosRun:
                     elif due == "driver-kill-mid-commit" and own_batch and quiet:
                         armed = (failpoints.arm_hold(self.failpoints, step), now)
                         schedule.due[due] = float("inf")  # drawn again once the kill happened or was given up
-                    elif due in TASK_KILLS and quiet and committed is not None and committed != last_task_kill:
+                    elif due in HELD_TASK_FAULTS and quiet and committed is not None and committed != last_task_kill:
                         aimed = (due, failpoints.arm_hold(self.failpoints, task_step), now)
                         schedule.due[due] = float("inf")
                     elif due == "broker-kill" or (due == "postgres-crash" and sandbox.postgres is not None):
@@ -422,6 +447,39 @@ class ChaosRun:
             self.recovering.append((self.fault(kind, f"{detail}, batch {committed} committed last"), committed))
             hold.unlink(missing_ok=True)
         schedule.done(kind, now)
+
+    def _go_down(self, supervisor: Supervisor, held: set[Path], task_step: str, schedule: Schedule,
+                 committed: int | None, timeout_s: float, now: float) -> float:
+        """The long-downtime fault: kill -9 of the Python workers holding at `task_step`, whose transactions stay open
+        on the broker, and of the driver, which is not restarted until `_downtime_over`. When it began."""
+        for hold in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(hold.name.rsplit("-", 1)[1]), signal.SIGKILL)
+        supervisor.kill_driver()
+        for hold in held:
+            hold.unlink(missing_ok=True)
+        self.fault("long-downtime", f"the driver and the Python worker of a task at {task_step} killed, batch "
+                                    f"{committed} committed last; down longer than kafka.transaction.timeout.ms "
+                                    f"({timeout_s:.0f} s)")
+        schedule.done("long-downtime", now)
+        return now
+
+    def _downtime_over(self, since: float, timeout_s: float, sink: type, options: dict[str, str], now: float) -> bool:
+        """Once kafka.transaction.timeout.ms has passed and the broker aborted every transaction left open on the
+        output topic (DOWNTIME_GRACE_S more at most: then the run says so)."""
+        if now - since < timeout_s:
+            return False
+        try:
+            left_open = sink.left_pending(options, settle_s=0)
+        except Exception:  # noqa: BLE001 - the broker away (a network fault): asked again next tick
+            left_open = ["unknown: the broker did not answer"]
+        if left_open and now - since < timeout_s + DOWNTIME_GRACE_S:
+            return False
+        if left_open:
+            self.report.fault_errors.append(f"long-downtime: {left_open[0]}, {now - since:.0f} s after the kill "
+                                            f"(kafka.transaction.timeout.ms {timeout_s:.0f} s)")
+        self.event("downtime-over", f"after {now - since:.1f} s, no transaction left open on the output")
+        return True
 
     def _start_network_faults(self, sandbox: Sandbox, checkpoint: Path) -> dict[str, FaultInjector]:
         """A thread per chosen kind of network fault, each injecting one fault at a time through its proxy; after a

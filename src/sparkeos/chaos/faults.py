@@ -20,13 +20,18 @@ class FaultKind:
     name: str
     what: str  # what it does, in the words of `sparkeos chaos --help` and the report
     mean_interval_s: float  # the default mean time between two faults of the kind
-    needs: str | None = None  # what the run must have for the kind to apply, a key of NEEDS
+    needs: tuple[str, ...] = ()  # what the run must have for the kind to apply, keys of NEEDS
 
 
+# The longest kafka.transaction.timeout.ms a long-downtime fault waits out: the run keeps the job down longer.
+MAX_DOWNTIME_TIMEOUT_S = 300.0
 # What a kind may need: a part of the job, or a Spark whose processes the run starts itself.
 NEEDS = {"postgres": "a sparkeos.postgres sink",
          "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
-                      "the run starts a standalone cluster of N workers)"}
+                      "the run starts a standalone cluster of N workers)",
+         "kafka-transactions": "a sparkeos.kafka sink with deliveryGuarantee exactly_once and a "
+                               f"kafka.transaction.timeout.ms of at most {MAX_DOWNTIME_TIMEOUT_S * 1000:.0f} (the run "
+                               "keeps the job down longer than it)"}
 
 
 KINDS = {kind.name: kind for kind in (
@@ -36,27 +41,32 @@ KINDS = {kind.name: kind for kind in (
                                         "transactions committed, others not yet", 45.0),
     FaultKind("python-worker-kill", "kill -9 of the Python worker of a task in the middle of its transaction (its "
                                     "rows written, not yet committed); Spark runs the task again", 20.0,
-              needs="own-spark"),
+              needs=("own-spark",)),
     FaultKind("executor-kill", "kill -9 of an executor (its JVM and Python workers) while one of its tasks is in the "
                                "middle of its transaction; the run's standalone cluster starts another executor and "
-                               "Spark runs the lost tasks again", 30.0, needs="own-spark"),
+                               "Spark runs the lost tasks again", 30.0, needs=("own-spark",)),
     FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0),
     FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
                                "answer withheld after the broker applied the request (Fetch, ListOffsets, Metadata, "
                                "Produce, AddPartitionsToTxn, TxnOffsetCommit, EndTxn), connections refused for 2 s "
                                "(also mid-commit), 30 ms of latency, frames split into pieces", 10.0),
+    FaultKind("long-downtime", "kill -9 of the driver and of a task in the middle of its transaction, then the job "
+                               "kept down longer than the sink's kafka.transaction.timeout.ms, until the broker "
+                               "aborted the task's open transaction (where a sink that committed on recovery what it "
+                               "had pre-committed would lose it)", 120.0, needs=("own-spark", "kafka-transactions")),
     FaultKind("network-postgres", "a network fault between Spark and PostgreSQL through the run's proxy: a "
                                   "connection cut mid-COPY, the answer to PREPARE TRANSACTION withheld", 15.0,
-              needs="postgres"),
+              needs=("postgres",)),
     FaultKind("postgres-crash", "PostgreSQL stopped at once (pg_ctl stop -m immediate: prepared transactions "
                                 "survive in its WAL), restarted after a random outage of up to 5 s", 40.0,
-              needs="postgres"),
+              needs=("postgres",)),
 )}
 # Two cores, each task tried up to four times as Spark does on a cluster (spark.task.maxFailures): a local master
 # otherwise fails the query at the first failed task, which a network fault is.
 DEFAULT_MASTER = "local[2,4]"
 NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
 TASK_KILLS = ("python-worker-kill", "executor-kill")  # aimed at a task in its transaction
+HELD_TASK_FAULTS = (*TASK_KILLS, "long-downtime")  # struck when a task stops in the middle of its transaction
 MAX_OUTAGE_S = 5.0
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(=(?P<seconds>\d+(\.\d+)?)s?)?")
 
@@ -67,10 +77,28 @@ class FaultError(ValueError):
 
 def applicable(spec: JobSpec, master: str = DEFAULT_MASTER) -> list[str]:
     """The kinds that apply to the job run on `master`: all but those needing what it does not have."""
-    parts = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
+    return [name for name, kind in KINDS.items() if not _unmet(kind, spec, master)]
+
+
+def _unmet(kind: FaultKind, spec: JobSpec, master: str) -> list[str]:
+    have = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
     if is_local(master):
-        parts.add("own-spark")
-    return [name for name, kind in KINDS.items() if kind.needs is None or kind.needs in parts]
+        have.add("own-spark")
+    timeout_s = transaction_timeout_s(spec)
+    if timeout_s is not None and timeout_s <= MAX_DOWNTIME_TIMEOUT_S:
+        have.add("kafka-transactions")
+    return [need for need in kind.needs if need not in have]
+
+
+def transaction_timeout_s(spec: JobSpec) -> float | None:
+    """The kafka.transaction.timeout.ms of a sparkeos.kafka sink whose tasks write in transactions (exactly_once), in
+    seconds; None for other sinks."""
+    if not spec.sink.is_kafka:
+        return None
+    from ..spark.kafka.options import parse_sink_options
+
+    options = parse_sink_options({"kafka.bootstrap.servers": "sandbox:9092", **spec.sink.options})
+    return options.transaction_timeout_ms / 1000 if options.delivery_guarantee == "exactly_once" else None
 
 
 def is_local(master: str) -> bool:
@@ -108,7 +136,8 @@ def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER) 
                              f"KIND one of {', '.join(KINDS)}; or {NO_FAULTS}")
         name = match["kind"]
         if name not in kinds:
-            raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[KINDS[name].needs]}")
+            unmet = _unmet(KINDS[name], spec, master)
+            raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[unmet[0]]}")
         if name in chosen:
             raise FaultError(f"fault {name} is given twice in --faults")
         seconds = float(match["seconds"]) if match["seconds"] else KINDS[name].mean_interval_s
