@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka.admin import AdminClient
 
 from sparkeos.chaos import KINDS, ChaosRunFailed, FaultError, parse_faults, run
 from sparkeos.chaos.engine import (
@@ -170,19 +171,33 @@ def test_a_sink_whose_readers_see_uncommitted_rows_is_reported_inexact_though_it
     assert "a reader watching the output saw" in result.stderr
 
 
+@pytest.mark.apache_kafka(newest_only=True, embedded=False)
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
-def test_the_python_api_runs_a_job_built_in_code_with_the_users_own_function(tmp_path):
+def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names(broker, tmp_path):
     """A test of the user's own pipeline: the job as a dict, its transformation a function of theirs
-    (support/chaos_pipeline.py, found through this process's sys.path); the report comes back as an object."""
+    (support/chaos_pipeline.py, found through this process's sys.path), run on Apache Kafka that the caller names in
+    place of the embedded broker; the report comes back as an object. On that shared cluster the run makes topics of
+    its own and keeps off the job's own names: its topics, its consumer group."""
     document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
     document["transforms"] = [{"python": "support.chaos_pipeline:adults_in_capitals"}]
+    own = {"input": unique("job-input"), "output": unique("job-output"), "group": unique("job-group")}
+    document["source"].update({"subscribe": own["input"], "kafka.group.id": own["group"]})
+    document["sink"]["topic"] = own["output"]
     # One kind that needs no driver restart keeps the run short: what the engine does under each kind is the
-    # examples' test above; this one is about the API.
-    report = run(document, faults={"broker-kill": 5}, duration_s=1, rate=60, seed=3, workdir=tmp_path / "work")
+    # examples' test above; this one is about the API and a named cluster.
+    report = run(document, faults={"python-worker-kill": 5}, duration_s=1, rate=60, seed=3,
+                 workdir=tmp_path / "work", bootstrap_server=broker.bootstrap_servers)
     assert report.exact, (report.problems, report.audit and report.audit.summary())
     assert report.audit.output.delivered == report.audit.output.expected > 0
-    assert set(report.injected) == {"broker-kill"}
+    assert set(report.injected) == {"python-worker-kill"}
+    assert report.sandbox["Kafka"].startswith(f"{broker.bootstrap_servers} (named on the command line")
     assert report_from_json(report.to_json()).to_json() == report.to_json()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    topics = set(admin.list_topics(timeout=30).topics)
+    groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+    assert not {own["input"], own["output"]} & topics and own["group"] not in groups
+    prefix = report.sandbox["Kafka"].split("begin with ")[1].rstrip(")")
+    assert {prefix + own["input"], prefix + own["output"]} <= topics and prefix + own["group"] in groups
     with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
         run(document, faults="meteor-strike")
 
@@ -194,6 +209,8 @@ def test_the_python_api_runs_a_job_built_in_code_with_the_users_own_function(tmp
     (["--faults", "executor-kill", "--master", "spark://127.0.0.1:7077"],
      "fault executor-kill does not apply to this run: it needs Spark processes the run starts itself: a local master"),
     (["--faults", "broker-kill,broker-kill=3"], "fault broker-kill is given twice"),
+    (["--faults", "broker-kill", "--bootstrap-server", "127.0.0.1:9"],
+     "fault broker-kill does not apply to this run: it needs a Kafka the run starts itself"),
     (["--faults", "driver-kill=0"], "must be more than 0 s"),
     (["--duration", "0"], "--duration must be more than 0 seconds"),
 ])

@@ -177,6 +177,9 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--faults", metavar="KIND[=SECONDS],...",
                         help="the faults to inject (default: every kind that applies to the job); none: the job "
                              "run without faults, its output watched and audited")
+    parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
+                        help="run against this Kafka in place of the embedded broker: the run creates topics of its "
+                             "own there (it kills no broker it did not start)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the input and of the fault schedule (1)")
     parser.add_argument("--rate", type=_positive, default=100, metavar="RECORDS",
                         help="input records fed a second (100)")
@@ -213,7 +216,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         if not args.duration > 0:
             raise FaultError(f"--duration must be more than 0 seconds (got {args.duration})")
         spec = load_job(args.job)
-        faults = parse_faults(args.faults, spec, args.master)
+        faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server))
         from .chaos.sandbox import check_runnable
 
         check_runnable(spec)
@@ -222,7 +225,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         return 2
     console = Console(stderr=args.json)
     settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
-                             args.timeout, args.workdir)
+                             args.timeout, args.workdir, bootstrap_server=args.bootstrap_server)
     if console.is_terminal:
         with Live(console=console, refresh_per_second=2) as live:
             report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))

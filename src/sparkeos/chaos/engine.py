@@ -80,6 +80,7 @@ class ChaosSettings:
     timeout_s: float = 900.0
     workdir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment for the job's driver
+    bootstrap_server: str | None = None  # a Kafka named on the command line, in place of the embedded broker
 
 
 def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injected: dict[str, int],
@@ -217,7 +218,7 @@ class ChaosRun:
         supervisor = sandbox = watcher = None
         try:
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
-                                    self.settings.seed)
+                                    self.settings.seed, self.settings.bootstrap_server)
             self.report.sandbox = dict(sandbox.endpoints)
             self.report.job_name = sandbox.spec.name
             if cluster is not None:

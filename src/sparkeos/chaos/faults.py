@@ -27,6 +27,7 @@ class FaultKind:
 MAX_DOWNTIME_TIMEOUT_S = 300.0
 # What a kind may need: a part of the job, or a Spark whose processes the run starts itself.
 NEEDS = {"postgres": "a sparkeos.postgres sink",
+         "own-kafka": "a Kafka the run starts itself (not one named with --bootstrap-server)",
          "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
                       "the run starts a standalone cluster of N workers)",
          "kafka-transactions": "a sparkeos.kafka sink with deliveryGuarantee exactly_once and a "
@@ -45,11 +46,13 @@ KINDS = {kind.name: kind for kind in (
     FaultKind("executor-kill", "kill -9 of an executor (its JVM and Python workers) while one of its tasks is in the "
                                "middle of its transaction; the run's standalone cluster starts another executor and "
                                "Spark runs the lost tasks again", 30.0, needs=("own-spark",)),
-    FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0),
+    FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0,
+              needs=("own-kafka",)),
     FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
                                "answer withheld after the broker applied the request (Fetch, ListOffsets, Metadata, "
                                "Produce, AddPartitionsToTxn, TxnOffsetCommit, EndTxn), connections refused for 2 s "
-                               "(also mid-commit), 30 ms of latency, frames split into pieces", 10.0),
+                               "(also mid-commit), 30 ms of latency, frames split into pieces", 10.0,
+              needs=("own-kafka",)),
     FaultKind("long-downtime", "kill -9 of the driver and of a task in the middle of its transaction, then the job "
                                "kept down longer than the sink's kafka.transaction.timeout.ms, until the broker "
                                "aborted the task's open transaction (where a sink that committed on recovery what it "
@@ -75,13 +78,16 @@ class FaultError(ValueError):
     """`--faults` names something that cannot be done to this job."""
 
 
-def applicable(spec: JobSpec, master: str = DEFAULT_MASTER) -> list[str]:
-    """The kinds that apply to the job run on `master`: all but those needing what it does not have."""
-    return [name for name, kind in KINDS.items() if not _unmet(kind, spec, master)]
+def applicable(spec: JobSpec, master: str = DEFAULT_MASTER, kafka_named: bool = False) -> list[str]:
+    """The kinds that apply to the job run on `master` (against a Kafka named on the command line when
+    `kafka_named`): all but those needing what it does not have."""
+    return [name for name, kind in KINDS.items() if not _unmet(kind, spec, master, kafka_named)]
 
 
-def _unmet(kind: FaultKind, spec: JobSpec, master: str) -> list[str]:
+def _unmet(kind: FaultKind, spec: JobSpec, master: str, kafka_named: bool) -> list[str]:
     have = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
+    if not kafka_named:
+        have.add("own-kafka")
     if is_local(master):
         have.add("own-spark")
     timeout_s = transaction_timeout_s(spec)
@@ -117,10 +123,11 @@ def local_cores(master: str) -> int:
 NO_FAULTS = "none"
 
 
-def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER) -> dict[str, float]:
+def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER,
+                 kafka_named: bool = False) -> dict[str, float]:
     """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given, and
     none for `none` (the job run and audited as it is)."""
-    kinds = applicable(spec, master)
+    kinds = applicable(spec, master, kafka_named)
     if text is None:
         return {name: KINDS[name].mean_interval_s for name in kinds}
     items = [part.strip() for part in text.split(",")]
@@ -136,7 +143,7 @@ def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER) 
                              f"KIND one of {', '.join(KINDS)}; or {NO_FAULTS}")
         name = match["kind"]
         if name not in kinds:
-            unmet = _unmet(KINDS[name], spec, master)
+            unmet = _unmet(KINDS[name], spec, master, kafka_named)
             raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[unmet[0]]}")
         if name in chosen:
             raise FaultError(f"fault {name} is given twice in --faults")

@@ -2,10 +2,15 @@
 its own. The embedded broker with its schema registry, a PostgreSQL server when the job writes to one, and a work
 directory for the checkpoint and a file sink's output. The job file is copied with its endpoints pointed there,
 nothing else changed; the production endpoints it names are never contacted.
+
+A Kafka named on the command line (`--bootstrap-server`) takes the embedded broker's place: the run then creates
+topics of its own there (the job's names behind a prefix of the run's), and gives the job's consumer group and
+transactionalIdPrefix the same prefix, so that nothing of the job's own on that cluster is read, written or fenced.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +44,7 @@ class Sandbox:
     """The sandbox's processes; `job_path` is the job file pointed at them."""
 
     workdir: Path
-    stack: StackProcess
+    stack: StackProcess | None  # the embedded broker (or, beside a Kafka named on the command line, the registry)
     postgres: PostgresServer | None
     job_path: Path
     spec: JobSpec
@@ -47,14 +52,16 @@ class Sandbox:
     endpoints: dict[str, str] = field(default_factory=dict)
     kafka_proxy: TcpProxy | None = None  # the broker advertises it: every client's connection runs through it
     postgres_proxy: TcpProxy | None = None  # between the job and PostgreSQL
+    named_kafka: str | None = None  # the bootstrap servers of a Kafka named on the command line
 
     @property
     def bootstrap(self) -> str:
-        return self.stack.bootstrap_servers
+        return self.named_kafka or self.stack.bootstrap_servers
 
     def stop(self) -> None:
         try:
-            self.stack.stop()
+            if self.stack is not None:
+                self.stack.stop()
         finally:
             for proxy in (self.kafka_proxy, self.postgres_proxy):
                 if proxy is not None:
@@ -81,29 +88,38 @@ def check_runnable(spec: JobSpec) -> str:
 
 
 def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[str, float] | None = None,
-                  seed: int = 0) -> Sandbox:
+                  seed: int = 0, named_kafka: str | None = None) -> Sandbox:
     """Start the sandbox's processes and write the job file pointed at them into `workdir`; the proxies the network
-    faults among `faults` need go in front of the broker and PostgreSQL."""
+    faults among `faults` need go in front of the broker and PostgreSQL. `named_kafka`: the bootstrap servers of a
+    Kafka to run against in place of the embedded broker."""
     spec = load_job(job_file)
     input_topic = check_runnable(spec)
     document = yaml.safe_load(Path(job_file).read_text())
     workdir.mkdir(parents=True, exist_ok=True)
     faults = faults or {}
-    kafka_proxy = TcpProxy(seed=seed).start() if "network-kafka" in faults else None
+    kafka_proxy = TcpProxy(seed=seed).start() if "network-kafka" in faults and not named_kafka else None
     extra = []
     port = 0
     if kafka_proxy is not None:
         port = free_port()
         kafka_proxy.target = ("127.0.0.1", port)
         extra = ["--advertised-listener", kafka_proxy.address]
-    stack = StackProcess(workdir / "broker", port=port, schema_registry=spec.format.type == "avro",
-                         extra_args=extra).start()
+    avro = spec.format.type == "avro"
+    stack = None
+    if not named_kafka or avro:
+        stack = StackProcess(workdir / "broker", port=port, schema_registry=avro, extra_args=extra).start()
     postgres = postgres_proxy = None
     try:
-        endpoints = {"Kafka": stack.bootstrap_servers}
+        bootstrap = named_kafka or stack.bootstrap_servers
+        endpoints = {"Kafka": bootstrap}
         if kafka_proxy is not None:
             endpoints["Kafka"] = f"{kafka_proxy.address} (the run's proxy, in front of the broker on 127.0.0.1:{port})"
-        document["source"]["kafka.bootstrap.servers"] = stack.bootstrap_servers
+        if named_kafka:
+            prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-"
+            input_topic = _behind_prefix(document, prefix)
+            endpoints["Kafka"] = (f"{named_kafka} (named on the command line; the run's topics, consumer group and "
+                                  f"transactional ids begin with {prefix})")
+        document["source"]["kafka.bootstrap.servers"] = bootstrap
         if spec.format.type == "avro":
             # Inline: a schema file named relative to the job file would not be found beside the copy.
             document["format"].update(registry=stack.schema_registry_url, schema=spec.format.schema)
@@ -113,7 +129,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         sink["options"] = options
         if spec.sink.is_kafka:
             if "kafka.bootstrap.servers" in options:
-                options["kafka.bootstrap.servers"] = stack.bootstrap_servers
+                options["kafka.bootstrap.servers"] = bootstrap
         elif spec.sink.format == EXACT_FILE_SINK:
             sink["path"] = str(workdir / "output")
             endpoints["files"] = sink["path"]
@@ -132,12 +148,33 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         sandboxed = load_job(job_path)
         topics = Topics(input_topic, sandboxed.sink.options.get("topic") if sandboxed.sink.is_kafka else None,
                         sandboxed.bad_records.topic if sandboxed.bad_records.policy == "dead-letter" else None)
-        _create_topics(stack.bootstrap_servers, topics, partitions)
-        return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy)
+        _create_topics(bootstrap, topics, partitions)
+        return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy,
+                       named_kafka)
     except BaseException:
         Sandbox(workdir, stack, postgres, job_file, spec, Topics(input_topic, None, None), {}, kafka_proxy,
                 postgres_proxy).stop()
         raise
+
+
+def _behind_prefix(document: dict, prefix: str) -> str:
+    """Put the job's own names on a shared cluster behind `prefix`: its topics, its consumer group, its
+    transactionalIdPrefix (a producer of the job's own ids would be fenced by the run's; without one, a stream's ids
+    come from the run's own query id). The input topic's new name."""
+    source = document["source"]
+    source["subscribe"] = prefix + source["subscribe"]
+    for key in [k for k in source if k.lower() == "kafka.group.id"]:
+        source[key] = prefix + str(source[key])
+    sink = document["sink"]
+    if sink.get("topic"):
+        sink["topic"] = prefix + sink["topic"]
+    options = sink.get("options") or {}
+    for key in [k for k in options if k.lower() in ("topic", "transactionalidprefix")]:
+        options[key] = prefix + str(options[key])
+    bad = document.get("bad_records") or {}
+    if bad.get("topic"):
+        bad["topic"] = prefix + bad["topic"]
+    return source["subscribe"]
 
 
 def _create_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
