@@ -29,10 +29,10 @@ from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
 from sparkeos.spark import sink_data_source
-from sparkeos.verify import READ_UNCOMMITTED, iter_records, read_values
+from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
 from support.browser import rendered_dom
 from support.runtime_only import runtime_environment
-from support.spark import create_topic, unique, wait_for
+from support.spark import create_topic, produce, unique, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -200,6 +200,33 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names(bro
     assert {prefix + own["input"], prefix + own["output"]} <= topics and prefix + own["group"] in groups
     with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
         run(document, faults="meteor-strike")
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_sampled_input_is_the_jobs_own_records_fed_over_and_over_and_nothing_is_written_where_they_came_from(
+        broker, tmp_path):
+    """`--sample-input`: about the last N records of the job's own input topic, on the cluster its job file names
+    (here a broker standing for production), are read once and fed to the sandbox again and again."""
+    import pyarrow.dataset as ds
+
+    topic = create_topic(broker.bootstrap_servers, unique("people"), partitions=2)
+    rows = [{"id": 1000 + n, "name": f"n{n}", "age": 20 + n % 50, "country": "UK"} for n in range(400)]
+    produce(broker.bootstrap_servers, topic, [json.dumps(row) for row in rows], spread_over=2)
+    document = yaml.safe_load((EXAMPLES / "people-files.yaml").read_text())
+    document["source"].update({"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": topic})
+    before = end_offsets(broker.bootstrap_servers, topic, isolation_level=READ_UNCOMMITTED)
+    report = run(document, faults="none", duration_s=5, rate=60, sample_input=100, workdir=tmp_path / "work")
+    assert report.exact, (report.problems, report.audit and report.audit.summary())
+    assert report.sandbox["input"] == (f"100 records sampled from {topic} on {broker.bootstrap_servers} (read only), "
+                                       "fed over and over")
+    ids = Counter(ds.dataset(tmp_path / "work" / "output", partitioning="hive").to_table().column("id").to_pylist())
+    assert set(ids) == set(range(1300, 1400)), sorted(ids)
+    assert report.input_records > 100 and min(ids.values()) > 1
+    assert end_offsets(broker.bootstrap_servers, topic, isolation_level=READ_UNCOMMITTED) == before
+    # A topic with nothing to sample is refused before anything starts.
+    document["source"]["subscribe"] = create_topic(broker.bootstrap_servers, unique("empty"), partitions=1)
+    with pytest.raises(ChaosRunFailed, match="has no records to sample"):
+        run(document, faults="none", sample_input=100)
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

@@ -180,6 +180,10 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
                         help="run against this Kafka in place of the embedded broker: the run creates topics of its "
                              "own there (it kills no broker it did not start)")
+    parser.add_argument("--sample-input", type=_positive, metavar="RECORDS",
+                        help="feed about this many of the last records of the job's own input topic (read from the "
+                             "cluster its job file names: read only, no consumer group), over and over, in place of "
+                             "generated ones")
     parser.add_argument("--seed", type=int, default=1, help="seed of the input and of the fault schedule (1)")
     parser.add_argument("--rate", type=_positive, default=100, metavar="RECORDS",
                         help="input records fed a second (100)")
@@ -206,6 +210,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from .chaos import ChaosSettings, FaultError, SandboxError, parse_faults, run_chaos
+    from .chaos.input import SampleError
     from .chaos.report import PlainProgress, live_table, print_report
     from .jobs.quiet import quiet_third_party_warnings, setup_logging
     from .jobs.spec import JobError, load_job
@@ -225,13 +230,18 @@ def run_chaos(args: argparse.Namespace) -> int:
         return 2
     console = Console(stderr=args.json)
     settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
-                             args.timeout, args.workdir, bootstrap_server=args.bootstrap_server)
-    if console.is_terminal:
-        with Live(console=console, refresh_per_second=2) as live:
-            report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))
-    else:
-        # A log, not a screen: Live would print its last table only, with the report's first line after it.
-        report = run_chaos(args.job, settings, on_tick=PlainProgress(console).show)
+                             args.timeout, args.workdir, bootstrap_server=args.bootstrap_server,
+                             sample_input=args.sample_input)
+    try:
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=2) as live:
+                report = run_chaos(args.job, settings, on_tick=lambda report: live.update(live_table(report)))
+        else:
+            # A log, not a screen: Live would print its last table only, with the report's first line after it.
+            report = run_chaos(args.job, settings, on_tick=PlainProgress(console).show)
+    except SampleError as exc:
+        print(f"sparkeos chaos: {exc}", file=sys.stderr)
+        return 2
     print_report(report, console)
     if args.report is not None:
         from .chaos.html import write_report

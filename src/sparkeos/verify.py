@@ -127,8 +127,10 @@ def end_offsets(bootstrap: str, topic: str, *, isolation_level: str = READ_COMMI
 
 
 def iter_records(bootstrap: str, topic: str, *, isolation_level: str = READ_COMMITTED,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, config: Mapping[str, Any] | None = None) -> Iterator[Record]:
-    """Every record of `topic` below each partition's end, as a fresh consumer at `isolation_level` sees it.
+                 timeout_s: float = DEFAULT_TIMEOUT_S, config: Mapping[str, Any] | None = None,
+                 last: int | None = None) -> Iterator[Record]:
+    """Every record of `topic` below each partition's end, as a fresh consumer at `isolation_level` sees it; with
+    `last`, only those among each partition's last `last` offsets.
 
     The ends are taken once, when reading begins: records written later are not read. A topic that does not
     exist reads as empty. Records come in each partition's offset order; partitions interleave.
@@ -143,7 +145,8 @@ def iter_records(bootstrap: str, topic: str, *, isolation_level: str = READ_COMM
         ends = _ends(consumer, topic, max(deadline - time.monotonic(), 1.0))
         positions: dict[int, int | None] = {p: None for p, end in ends.items() if end > 0}
         if positions:
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in positions])
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING if last is None else max(ends[p] - last, 0))
+                             for p in positions])
         read = 0
         while positions:
             remaining = deadline - time.monotonic()

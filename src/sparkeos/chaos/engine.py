@@ -33,7 +33,7 @@ from confluent_kafka import KafkaException, Producer
 
 from ..jobs.audit import AuditReport, audit_in_this_process
 from ..jobs.runner import Supervisor
-from ..jobs.spec import JobSpec
+from ..jobs.spec import JobSpec, load_job
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import failpoints, sink_data_source
 from ..verify import read_values
@@ -46,7 +46,7 @@ from .faults import (
     local_cores,
     transaction_timeout_s,
 )
-from .input import CORRUPT_VALUE, InputGenerator, produce_with_retry
+from .input import CORRUPT_VALUE, InputGenerator, SampledInput, produce_with_retry, read_sample
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
 from .sandbox import Sandbox, start_sandbox
@@ -81,6 +81,7 @@ class ChaosSettings:
     workdir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # more environment for the job's driver
     bootstrap_server: str | None = None  # a Kafka named on the command line, in place of the embedded broker
+    sample_input: int | None = None  # feed this many records of the job's own input, over and over
 
 
 def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injected: dict[str, int],
@@ -100,7 +101,7 @@ class Feeder(threading.Thread):
     one left; how it ended shows in the topic, which `committed_input` reads at the end). `stop()` returns once the
     last transaction ended."""
 
-    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator, rate: int, seed: int):
+    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator | SampledInput, rate: int, seed: int):
         super().__init__(name="chaos-input", daemon=True)
         self.bootstrap, self.topic, self.generator, self.rate = bootstrap, topic, generator, rate
         self.random = random.Random(seed)
@@ -119,21 +120,19 @@ class Feeder(threading.Thread):
             chunk = 0
             while not self.stopping.is_set():
                 count = self.rate * (chunk + 1) // FEED_CHUNKS_PER_S - self.rate * chunk // FEED_CHUNKS_PER_S
-                first = self.generator.produced + 1
-                self._transaction(first, self.generator.batch(count), commit=self.random.randrange(ABORT_ONE_IN) > 0)
+                self._transaction(self.generator.records(count), commit=self.random.randrange(ABORT_ONE_IN) > 0)
                 chunk += 1
                 self.stopping.wait(max(started + chunk / FEED_CHUNKS_PER_S - time.monotonic(), 0))
         except BaseException as error:  # reported with the run
             self.failed.append(repr(error))
 
-    def _transaction(self, first: int, values: list[bytes], commit: bool) -> None:
+    def _transaction(self, records: list[tuple[bytes | None, bytes | None]], commit: bool) -> None:
         producer = self.producer
+        values = [value for _key, value in records]
         try:
             producer.begin_transaction()
-            for number, value in enumerate(values, start=first):
-                # Each record keyed by its own number: librdkafka sends the keyless records of a short burst to one
-                # partition, and a batch of one partition has one transaction, never half committed.
-                produce_with_retry(producer, self.topic, value, key=str(number).encode())
+            for key, value in records:
+                produce_with_retry(producer, self.topic, value, key=key)
             if commit:
                 self._call(lambda: producer.commit_transaction(FEED_CALL_TIMEOUT_S))
                 self.acknowledged += len(values)
@@ -217,6 +216,9 @@ class ChaosRun:
             pool.shutdown(wait=False)  # its one task runs on
         supervisor = sandbox = watcher = None
         try:
+            # Read before anything starts: the cluster the job names may not answer.
+            samples = read_sample(load_job(self.job_file), self.settings.sample_input) \
+                if self.settings.sample_input else None
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
                                     self.settings.seed, self.settings.bootstrap_server)
             self.report.sandbox = dict(sandbox.endpoints)
@@ -230,7 +232,7 @@ class ChaosRun:
             sink, options = sink_data_source(sandbox.spec.sink.format), sandbox.spec.sink.options
             watcher = OutputWatcher(lambda: sink.visible_records(options), self.elapsed)
             watcher.start()
-            supervisor = self._drive(sandbox, master, cluster)
+            supervisor = self._drive(sandbox, master, cluster, samples)
             supervisor.stop()
             self.event("stopped", "the driver stopped cleanly")
             self.report.watched = watcher.stop()
@@ -250,11 +252,20 @@ class ChaosRun:
         self.report.seconds = self.elapsed()
         return self.report
 
-    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None) -> Supervisor:
+    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None,
+               samples: list[tuple[bytes | None, bytes | None]] | None) -> Supervisor:
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
-        generator = InputGenerator(sandbox.spec, settings.seed, sandbox.endpoints.get("schema registry"),
-                                   sandbox.topics.input)
+        registry = sandbox.endpoints.get("schema registry")
+        if samples is None:
+            generator = InputGenerator(sandbox.spec, settings.seed, registry, sandbox.topics.input)
+            self.report.sandbox["input"] = f"generated from the job's format, seed {settings.seed}"
+        else:
+            job = load_job(self.job_file)
+            generator = SampledInput(samples, sandbox.topics.input, job.format.registry, registry)
+            self.report.sandbox["input"] = (f"{len(samples)} records sampled from {job.source.get('subscribe')} on "
+                                            f"{job.source.get('kafka.bootstrap.servers')} (read only), fed over and "
+                                            "over")
         env = {failpoints.ENV: str(self.failpoints), **settings.env}
         supervisor = Supervisor(str(sandbox.job_path), master=master, env=env,
                                 log_file=self.workdir / "driver.log")

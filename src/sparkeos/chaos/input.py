@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 
 from ..jobs.spec import JobSpec
 
+QUIET_READER = {"log_level": 0}
 STRING_POOL = 12
 CORRUPT_VALUE = b"\x00\x00not decodable"
 CORRUPT_EVERY = 500  # one record the format cannot decode per this many, when the job keeps going past them
@@ -167,6 +168,12 @@ class InputGenerator:
 
         return encode
 
+    def records(self, count: int) -> list[tuple[bytes | None, bytes | None]]:
+        """The next `count` records, each keyed by its number: librdkafka sends the keyless records of a short burst
+        to one partition, and a batch of one partition has one transaction, never half committed."""
+        first = self.produced + 1
+        return [(str(number).encode(), value) for number, value in enumerate(self.batch(count), start=first)]
+
     def batch(self, count: int) -> list[bytes]:
         records = []
         for _ in range(count):
@@ -188,3 +195,60 @@ def produce_with_retry(producer: Producer, topic: str, value: bytes, on_delivery
             return
         except BufferError:
             producer.poll(0.05)
+
+
+class SampleError(ValueError):
+    """The job's input topic gave no sample."""
+
+
+def read_sample(spec: JobSpec, count: int, timeout_s: float = 60.0) -> list[tuple[bytes | None, bytes | None]]:
+    """The keys and values of about the last `count` records of the job's own input topic, on the cluster its job
+    file names: read only (read_committed, no consumer group joined, nothing committed)."""
+    from ..verify import end_offsets, iter_records
+
+    bootstrap, topic = spec.source.get("kafka.bootstrap.servers", ""), spec.source.get("subscribe", "")
+    try:
+        partitions = len(end_offsets(bootstrap, topic, timeout_s=timeout_s, config=QUIET_READER)) or 1
+        records = list(iter_records(bootstrap, topic, timeout_s=timeout_s, config=QUIET_READER,
+                                    last=-(-count // partitions)))
+    except Exception as error:  # noqa: BLE001 - unreachable, no such topic: said with the cluster's name
+        raise SampleError(f"cannot read a sample of {topic} on {bootstrap}: {error}") from error
+    if not records:
+        raise SampleError(f"the job's input topic {topic} on {bootstrap} has no records to sample")
+    return [(record.key, record.value) for record in records[-count:]]
+
+
+class SampledInput:
+    """`records(count)` gives the next `count` of `samples` (keys and values of the job's own input), over and over.
+    Avro values in the Confluent wire format name a schema id of the job's registry: they are framed again with the
+    id their writer schema has in the sandbox's registry."""
+
+    def __init__(self, samples: list[tuple[bytes | None, bytes | None]], topic: str, job_registry: str | None = None,
+                 sandbox_registry: str | None = None):
+        self.samples = samples
+        self.produced = 0
+        self.corrupt = 0  # unknown: a sample is what it is
+        self._ids: dict[int, bytes] = {}
+        self._registries = None
+        if job_registry and sandbox_registry:
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+
+            self._registries = (SchemaRegistryClient({"url": job_registry}),
+                                SchemaRegistryClient({"url": sandbox_registry}), f"{topic}-value")
+
+    def records(self, count: int) -> list[tuple[bytes | None, bytes | None]]:
+        taken = []
+        for _ in range(count):
+            key, value = self.samples[self.produced % len(self.samples)]
+            self.produced += 1
+            taken.append((key if key is not None else str(self.produced).encode(), self._framed(value)))
+        return taken
+
+    def _framed(self, value: bytes | None) -> bytes | None:
+        if self._registries is None or value is None or len(value) < 5 or value[0] != 0:
+            return value
+        schema_id = struct.unpack(">I", value[1:5])[0]
+        if schema_id not in self._ids:
+            job, sandbox, subject = self._registries
+            self._ids[schema_id] = struct.pack(">I", sandbox.register_schema(subject, job.get_schema(schema_id)))
+        return b"\x00" + self._ids[schema_id] + value[5:]
