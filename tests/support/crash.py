@@ -21,6 +21,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 
+from sparkeos.chaos.input import call_while_retriable
 from sparkeos.processes import command_line, kill_processes, kill_tree, process_table, process_tree
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, read_values
 from support.spark import unique, wait_for
@@ -240,13 +241,7 @@ FEEDER_DELIVERY_TIMEOUT_S = 120  # outlasts a broker outage: Apache Kafka takes 
 
 def retrying(call, timeout_s: float = FEEDER_DELIVERY_TIMEOUT_S):
     """Call a transactional producer method again while it fails with a retriable error (the broker is away)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except KafkaException as failed:
-            if not failed.args[0].retriable() or time.monotonic() > deadline:
-                raise
+    return call_while_retriable(call, timeout_s)
 
 
 class InputFeeder(threading.Thread):

@@ -46,7 +46,14 @@ from .faults import (
     local_cores,
     transaction_timeout_s,
 )
-from .input import CORRUPT_VALUE, InputGenerator, SampledInput, produce_with_retry, read_sample
+from .input import (
+    CORRUPT_VALUE,
+    InputGenerator,
+    SampledInput,
+    call_while_retriable,
+    produce_with_retry,
+    read_sample,
+)
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
 from .sandbox import Sandbox, start_sandbox
@@ -134,17 +141,17 @@ class Feeder(threading.Thread):
             for key, value in records:
                 produce_with_retry(producer, self.topic, value, key=key)
             if commit:
-                self._call(lambda: producer.commit_transaction(FEED_CALL_TIMEOUT_S))
+                call_while_retriable(lambda: producer.commit_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
                 self.acknowledged += len(values)
             else:
                 # Sent first: an abort purges the records still queued, and aborted input that never reached the
                 # topic would prove nothing.
                 producer.flush(FEED_CALL_TIMEOUT_S)
-                self._call(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S))
+                call_while_retriable(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
                 self.aborted += len(values)
         except KafkaException as failed:
             if failed.args[0].txn_requires_abort():
-                self._call(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S))
+                call_while_retriable(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
                 self.aborted += len(values)
             elif failed.args[0].fatal() or failed.args[0].retriable():
                 self.uncertain += len(values)
@@ -155,19 +162,8 @@ class Feeder(threading.Thread):
     def _new_producer(self) -> Producer:
         producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
                              "linger.ms": 20, "compression.type": "lz4", **SILENT_CLIENT})
-        self._call(lambda: producer.init_transactions(FEED_CALL_TIMEOUT_S))
+        call_while_retriable(lambda: producer.init_transactions(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
         return producer
-
-    @staticmethod
-    def _call(call: Callable[[], None]) -> None:
-        """`call`, made again while it fails with an error that says so (the broker is away), for FEED_OUTAGE_S."""
-        deadline = time.monotonic() + FEED_OUTAGE_S
-        while True:
-            try:
-                return call()
-            except KafkaException as failed:
-                if not failed.args[0].retriable() or time.monotonic() > deadline:
-                    raise
 
     def stop(self) -> None:
         self.stopping.set()

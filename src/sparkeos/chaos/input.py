@@ -14,13 +14,15 @@ import json
 import random
 import string
 import struct
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from ..jobs.spec import JobSpec
 
+T = TypeVar("T")
 QUIET_READER = {"log_level": 0}
 STRING_POOL = 12
 CORRUPT_VALUE = b"\x00\x00not decodable"
@@ -184,6 +186,18 @@ class InputGenerator:
             else:
                 records.append(self._encode())
         return records
+
+
+def call_while_retriable(call: Callable[[], T], timeout_s: float) -> T:
+    """`call` (a transactional producer's init, commit or abort), made again while it fails with an error that says
+    it may be retried (the broker is away), for up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as failed:
+            if not failed.args[0].retriable() or time.monotonic() > deadline:
+                raise
 
 
 def produce_with_retry(producer: Producer, topic: str, value: bytes, on_delivery=None,
