@@ -437,6 +437,28 @@ def test_a_transaction_left_open_on_a_kafka_sinks_topic_is_left_pending(broker):
     assert left_pending(spec) == []
 
 
+def test_a_row_the_watcher_saw_reads_the_same_as_files_of_other_shapes_come(tmp_path):
+    """The reader watching a sparkeos.files directory must not see a row vanish that is still there: a partition
+    value read as a number until a non-numeric one appears, a JSON column left out of the first file because it was
+    null there, a CSV column whose type another file contradicts."""
+    from sparkeos.spark.files.datasource import FilesDataSource
+
+    for file_format, first, second in [
+            ("json", '{"id": 1}\n{"id": 2, "name": null}\n', '{"id": 3, "name": "x"}\n'),
+            ("csv", "id,name\n1,7\n", "id,name\n3,x\n")]:
+        out = tmp_path / file_format
+        (out / "country=7").mkdir(parents=True)
+        (out / "country=7" / f"a.{file_format}").write_text(first)
+        options = {"path": str(out), "format": file_format, "partitionBy": "country",
+                   **({"header": "true"} if file_format == "csv" else {})}
+        before = FilesDataSource.visible_records(options)
+        assert sum(before.values()) == first.count("\n") - (file_format == "csv"), before
+        (out / "country=ab").mkdir()
+        (out / "country=ab" / f"b.{file_format}").write_text(second)
+        after = FilesDataSource.visible_records(options)
+        assert not before - after and sum(after.values()) == sum(before.values()) + 1, (before, after)
+
+
 def test_the_html_report_marks_every_kind_of_fault():
     from sparkeos.chaos.html import FAULT_COLOURS
 

@@ -239,7 +239,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         else:
             # A log, not a screen: Live would print its last table only, with the report's first line after it.
             report = run_chaos(args.job, settings, on_tick=PlainProgress(console).show)
-    except SampleError as exc:
+    except (SampleError, SandboxError) as exc:  # what the clusters named (or sampled) refused, before the job ran
         print(f"sparkeos chaos: {exc}", file=sys.stderr)
         return 2
     print_report(report, console)

@@ -188,6 +188,7 @@ class ChaosRun:
         self.failpoints = self.workdir / "failpoints"
         self.started = time.monotonic()
         self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
+        self._next_open_check = 0.0  # when a long downtime next asks the broker for open transactions
         self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
                                   workdir=str(self.workdir))
 
@@ -314,6 +315,9 @@ class ChaosRun:
                 if not self._restart(supervisor):
                     break
                 batches_at_start = committed_batch(checkpoint)
+            if not feeder.is_alive() and not feeder.stopping.is_set():
+                self.event("input-failed", f"the input feeder stopped: {'; '.join(feeder.failed) or 'no error'}")
+                break
             if armed is not None:
                 held = failpoints.holds(self.failpoints, step) - armed[0]
                 if held:
@@ -332,7 +336,8 @@ class ChaosRun:
                 if held and aimed[0] == "long-downtime":
                     struck = True
                     down = self._go_down(supervisor, held, task_step, schedule, committed, timeout_s, now)
-                    aimed = None
+                    aimed, last_task_kill = None, committed
+                    deadline += timeout_s + DOWNTIME_GRACE_S  # the run's own doing: not the job's time to catch up
                 elif held:
                     struck = True
                     self._kill_task(aimed[0], held, task_step, schedule, committed, now,
@@ -411,10 +416,14 @@ class ChaosRun:
         for injector in injectors.values():
             self._stop_injector(injector)
         feeder.stop()
-        self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
-                                                                                 sandbox.topics.input)
-        self.report.aborted_input_records = generator.produced - self.report.input_records
         self.report.feed_errors = feeder.failed[:5]
+        try:
+            self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
+                                                                                     sandbox.topics.input)
+        except Exception as error:  # noqa: BLE001 - the run's report still comes, with what the feeder knows
+            self.report.feed_errors.append(f"the input topic could not be read back: {error}")
+            self.report.input_records, self.report.corrupt_records = feeder.acknowledged, generator.corrupt
+        self.report.aborted_input_records = generator.produced - self.report.input_records
         self.report.restarts = supervisor.restarts
         return supervisor
 
@@ -458,12 +467,14 @@ class ChaosRun:
 
     def _go_down(self, supervisor: Supervisor, held: set[Path], task_step: str, schedule: Schedule,
                  committed: int | None, timeout_s: float, now: float) -> float:
-        """The long-downtime fault: kill -9 of the Python workers holding at `task_step`, whose transactions stay open
-        on the broker, and of the driver, which is not restarted until `_downtime_over`. When it began."""
+        """The long-downtime fault: kill -9 of the driver, which is not restarted until `_downtime_over`, and of the
+        Python workers holding at `task_step`, whose transactions stay open on the broker. When it began."""
+        # The driver first: while it lives, a task whose worker died is run again, and the retry's producer would
+        # end the open transaction itself. On a local master its tree holds the workers too.
+        supervisor.kill_driver()
         for hold in held:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(hold.name.rsplit("-", 1)[1]), signal.SIGKILL)
-        supervisor.kill_driver()
         for hold in held:
             hold.unlink(missing_ok=True)
         self.fault("long-downtime", f"the driver and the Python worker of a task at {task_step} killed, batch "
@@ -475,18 +486,21 @@ class ChaosRun:
     def _downtime_over(self, since: float, timeout_s: float, sink: type, options: dict[str, str], now: float) -> bool:
         """Once kafka.transaction.timeout.ms has passed and the broker aborted every transaction left open on the
         output topic (DOWNTIME_GRACE_S more at most: then the run says so)."""
-        if now - since < timeout_s:
+        if now - since < timeout_s or now < self._next_open_check:
             return False
+        self._next_open_check = now + 1.0
         try:
             left_open = sink.left_pending(options, settle_s=0)
-        except Exception:  # noqa: BLE001 - the broker away (a network fault): asked again next tick
+        except Exception:  # noqa: BLE001 - the broker away (a network fault): asked again
             left_open = ["unknown: the broker did not answer"]
         if left_open and now - since < timeout_s + DOWNTIME_GRACE_S:
             return False
         if left_open:
             self.report.fault_errors.append(f"long-downtime: {left_open[0]}, {now - since:.0f} s after the kill "
                                             f"(kafka.transaction.timeout.ms {timeout_s:.0f} s)")
-        self.event("downtime-over", f"after {now - since:.1f} s, no transaction left open on the output")
+            self.event("downtime-over", f"after {now - since:.1f} s, a transaction still open on the output")
+        else:
+            self.event("downtime-over", f"after {now - since:.1f} s, no transaction left open on the output")
         return True
 
     def _start_network_faults(self, sandbox: Sandbox, checkpoint: Path) -> dict[str, FaultInjector]:

@@ -233,9 +233,10 @@ def read_sample(spec: JobSpec, count: int, timeout_s: float = 60.0) -> list[tupl
 
 
 class SampledInput:
-    """`records(count)` gives the next `count` of `samples` (keys and values of the job's own input), over and over.
-    Avro values in the Confluent wire format name a schema id of the job's registry: they are framed again with the
-    id their writer schema has in the sandbox's registry."""
+    """`records(count)` gives the next `count` of `samples` (keys and values of the job's own input), over and over;
+    a record without a key gets its number as key (librdkafka would send a burst of keyless records to one
+    partition). Avro values in the Confluent wire format name a schema id of the job's registry: they are framed
+    again with the id their writer schema has in the sandbox's registry."""
 
     def __init__(self, samples: list[tuple[bytes | None, bytes | None]], topic: str, job_registry: str | None = None,
                  sandbox_registry: str | None = None):
@@ -243,12 +244,8 @@ class SampledInput:
         self.produced = 0
         self.corrupt = 0  # unknown: a sample is what it is
         self._ids: dict[int, bytes] = {}
-        self._registries = None
         if job_registry and sandbox_registry:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
-
-            self._registries = (SchemaRegistryClient({"url": job_registry}),
-                                SchemaRegistryClient({"url": sandbox_registry}), f"{topic}-value")
+            self._ids = _registered_again(samples, job_registry, sandbox_registry, f"{topic}-value")
 
     def records(self, count: int) -> list[tuple[bytes | None, bytes | None]]:
         taken = []
@@ -259,10 +256,32 @@ class SampledInput:
         return taken
 
     def _framed(self, value: bytes | None) -> bytes | None:
-        if self._registries is None or value is None or len(value) < 5 or value[0] != 0:
-            return value
-        schema_id = struct.unpack(">I", value[1:5])[0]
+        schema_id = _schema_id(value)
         if schema_id not in self._ids:
-            job, sandbox, subject = self._registries
-            self._ids[schema_id] = struct.pack(">I", sandbox.register_schema(subject, job.get_schema(schema_id)))
+            return value
         return b"\x00" + self._ids[schema_id] + value[5:]
+
+
+def _schema_id(value: bytes | None) -> int | None:
+    """The schema id of a value in the Confluent wire format (a zero byte, then the id in four bytes)."""
+    if value is None or len(value) < 5 or value[0] != 0:
+        return None
+    return struct.unpack(">I", value[1:5])[0]
+
+
+def _registered_again(samples: list[tuple[bytes | None, bytes | None]], job_registry: str, sandbox_registry: str,
+                      subject: str) -> dict[int, bytes]:
+    """Each schema id the samples' values name in the job's registry -> the id (framed) its schema has once
+    registered in the sandbox's; SampleError when one cannot be read or registered. Before the run starts: a schema
+    the sandbox cannot take would otherwise stop the input in the middle of it."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    job, sandbox = SchemaRegistryClient({"url": job_registry}), SchemaRegistryClient({"url": sandbox_registry})
+    ids = {}
+    for schema_id in sorted({i for _key, value in samples if (i := _schema_id(value)) is not None}):
+        try:
+            ids[schema_id] = struct.pack(">I", sandbox.register_schema(subject, job.get_schema(schema_id)))
+        except Exception as error:  # noqa: BLE001 - the registry's own words
+            raise SampleError(f"schema {schema_id} of the sampled records, from {job_registry}, cannot be used in "
+                              f"the sandbox's registry: {error}") from error
+    return ids

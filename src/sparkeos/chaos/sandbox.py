@@ -1,7 +1,8 @@
 """Where `sparkeos chaos` runs a job: a sandbox of processes it started itself, so that every process it kills is
 its own. The embedded broker with its schema registry, a PostgreSQL server when the job writes to one, and a work
 directory for the checkpoint and a file sink's output. The job file is copied with its endpoints pointed there,
-nothing else changed; the production endpoints it names are never contacted.
+nothing else changed; the production endpoints it names are never contacted, unless `--sample-input` is given (then
+its input topic and schema registry are read, never written).
 
 A Kafka named on the command line (`--bootstrap-server`) takes the embedded broker's place: the run then creates
 topics of its own there (the job's names behind a prefix of the run's), and gives the job's consumer group and
@@ -20,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ..jobs.quiet import librdkafka_log_level
 from ..jobs.spec import EXACT_FILE_SINK, FILE_SINKS, POSTGRES_SINK, JobSpec, load_job
 from ..ports import free_port
+from ..spark.kafka.options import DEFAULT_MARKER_TOPIC
 from ..stack import StackProcess
 from .postgres import PostgresServer
 from .proxy import TcpProxy
@@ -117,8 +119,8 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         if named_kafka:
             prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-"
             input_topic = _behind_prefix(document, prefix)
-            endpoints["Kafka"] = (f"{named_kafka} (named on the command line; the run's topics, consumer group and "
-                                  f"transactional ids begin with {prefix})")
+            endpoints["Kafka"] = (f"{named_kafka} (named on the command line; the run's topics and the job's "
+                                  f"consumer group and transactionalIdPrefix begin with {prefix})")
         document["source"]["kafka.bootstrap.servers"] = bootstrap
         if spec.format.type == "avro":
             # Inline: a schema file named relative to the job file would not be found beside the copy.
@@ -158,9 +160,9 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
 
 
 def _behind_prefix(document: dict, prefix: str) -> str:
-    """Put the job's own names on a shared cluster behind `prefix`: its topics, its consumer group, its
-    transactionalIdPrefix (a producer of the job's own ids would be fenced by the run's; without one, a stream's ids
-    come from the run's own query id). The input topic's new name."""
+    """Put the job's own names on a shared cluster behind `prefix`: its topics, its Kafka sink's commit marker topic,
+    its consumer group, its transactionalIdPrefix (a producer of the job's own ids would be fenced by the run's;
+    without one, a stream's ids come from the run's own query id). The input topic's new name."""
     source = document["source"]
     source["subscribe"] = prefix + source["subscribe"]
     for key in [k for k in source if k.lower() == "kafka.group.id"]:
@@ -169,8 +171,13 @@ def _behind_prefix(document: dict, prefix: str) -> str:
     if sink.get("topic"):
         sink["topic"] = prefix + sink["topic"]
     options = sink.get("options") or {}
-    for key in [k for k in options if k.lower() in ("topic", "transactionalidprefix")]:
+    for key in [k for k in options if k.lower() in ("topic", "transactionalidprefix", "commitmarkertopic")]:
         options[key] = prefix + str(options[key])
+    if (sink.get("format") or "sparkeos.kafka") == "sparkeos.kafka" and not any(
+            k.lower() == "commitmarkertopic" for k in options):
+        # The run's markers in a topic of its own, not beside those of the cluster's sparkeos jobs.
+        options["commitMarkerTopic"] = prefix + DEFAULT_MARKER_TOPIC.lstrip("_")
+        sink["options"] = options
     bad = document.get("bad_records") or {}
     if bad.get("topic"):
         bad["topic"] = prefix + bad["topic"]
@@ -181,5 +188,8 @@ def _create_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
     new = [NewTopic(topics.input, partitions)]
     new += [NewTopic(name, OUTPUT_PARTITIONS) for name in (topics.output, topics.dead_letter) if name]
-    for future in admin.create_topics(new).values():
-        future.result(30)
+    for name, future in admin.create_topics(new, request_timeout=30).items():
+        try:
+            future.result(60)
+        except Exception as error:  # noqa: BLE001 - said with the cluster's name: a named one may refuse
+            raise SandboxError(f"cannot create the run's topic {name} on {bootstrap}: {error}") from error

@@ -16,5 +16,8 @@ class OutputUnavailable(Exception):
 
 
 def record_texts(rows: Iterable[dict[str, Any]]) -> Counter[str]:
-    """Each row as a JSON object of its columns by name, counted."""
-    return Counter(json.dumps(row, sort_keys=True, default=str) for row in rows)
+    """Each row as a JSON object of its non-null columns by name, each value as text, counted: a row reads the same
+    whatever types a reader inferred for it (a CSV file's `7`, a partition directory's `"7"`) and whether a null
+    column was written out or left out (JSON lines)."""
+    return Counter(json.dumps({name: str(value) for name, value in row.items() if value is not None}, sort_keys=True)
+                   for row in rows)

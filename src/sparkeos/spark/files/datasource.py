@@ -36,7 +36,10 @@ class FilesDataSource(TwoPhaseCommitDataSource):
     @classmethod
     def visible_records(cls, options: dict[str, str]) -> Counter[str]:
         """The rows a reader of the directory ``options`` name sees now: pyarrow.dataset's listing (no path under a
-        ``_`` or ``.`` name), Hive partitions from directory names (see ``reader_view``)."""
+        ``_`` or ``.`` name), each file read with its own schema and its partition values (as text) from its
+        directory names (see ``reader_view``). File by file: a dataset's one schema, inferred from its first file,
+        changes as files come, and with it how the same row reads."""
+        import pyarrow as pa
         import pyarrow.dataset as ds
         from pyarrow import fs as pafs
 
@@ -52,8 +55,14 @@ class FilesDataSource(TwoPhaseCommitDataSource):
 
             file_format = ds.CsvFileFormat(read_options=pyarrow.csv.ReadOptions(
                 autogenerate_column_names=not parsed.header))
-        table = ds.dataset(root, filesystem=filesystem, format=file_format, partitioning="hive").to_table()
-        return record_texts(table.to_pylist())
+        partitioning = ds.partitioning(pa.schema([(name, pa.string()) for name in parsed.partition_by]),
+                                       flavor="hive")
+        dataset = ds.dataset(root, filesystem=filesystem, format=file_format, partitioning=partitioning)
+        rows = []
+        for fragment in dataset.get_fragments():
+            keys = ds.get_partition_keys(fragment.partition_expression)
+            rows += [{**row, **keys} for row in fragment.to_table(schema=fragment.physical_schema).to_pylist()]
+        return record_texts(rows)
 
     @classmethod
     def operator_sink(cls, options: dict[str, str]) -> FileSink:
