@@ -51,13 +51,13 @@ def stream(spark, bootstrap: str, topic: str, path: Path, control: Path, checkpo
 def test_a_query_failing_at_a_protocol_step_and_restarted_writes_every_row_once(jsonl, broker, tmp_path, failpoint):
     bootstrap = broker.bootstrap_servers
     topic = create_topic(bootstrap, unique("in"), partitions=2)
-    produce(bootstrap, topic, [str(n) for n in range(400)])
+    produce(bootstrap, topic, [str(n) for n in range(400)], spread_over=2)
     path, control, checkpoint = tmp_path / "out", tmp_path / "control", tmp_path / "ck"
     clear_failpoints()
     query = stream(jsonl, bootstrap, topic, path, control, checkpoint).start()
     try:
         query.processAllAvailable()  # a first batch, so that the failure is in a later one
-        produce(bootstrap, topic, [str(n) for n in range(400, 700)])
+        produce(bootstrap, topic, [str(n) for n in range(400, 700)], spread_over=2)
         arm_failpoint(failpoint)
         with pytest.raises(StreamingQueryException, match="failpoint"):
             query.processAllAvailable()
@@ -125,8 +125,8 @@ class FiveMethodTarget(DrillTarget):
 
     def __init__(self, tmp_path: Path):
         self.path, self.control = tmp_path / "out", tmp_path / "control"
-        self.aimed = {3: AimedKill("attempt entered", lambda: set(control_files(self.control)["attempts"])),
-                      8: AimedKill("decided", lambda: set(control_files(self.control)["decisions"]))}
+        self.aimed = {1: AimedKill("attempt entered", lambda: set(control_files(self.control)["attempts"])),
+                      3: AimedKill("decided", lambda: set(control_files(self.control)["decisions"]))}
 
     def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
         return ["--jsonl-path", str(self.path), "--control-location", str(self.control)]

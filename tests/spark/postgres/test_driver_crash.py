@@ -68,8 +68,8 @@ class PostgresTarget(DrillTarget):
     def __init__(self, server: PostgresServer):
         self.server = server
         self.table = Table(server, f"crash_{uuid.uuid4().hex[:10]}")
-        self.aimed = {3: AimedKill("prepared", lambda: set(self.table.prepared())),
-                      8: AimedKill("decided", lambda: set(self.table.decisions()))}
+        self.aimed = {1: AimedKill("prepared", lambda: set(self.table.prepared())),
+                      3: AimedKill("decided", lambda: set(self.table.decisions()))}
 
     def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
         return ["--postgres-url", self.server.url(), "--postgres-table", self.table.name]
