@@ -48,6 +48,7 @@ from .faults import (
 )
 from .input import (
     CORRUPT_VALUE,
+    SILENT_CLIENT,
     InputGenerator,
     SampledInput,
     call_while_retriable,
@@ -59,9 +60,6 @@ from .report import ChaosReport, Event, Sample
 from .sandbox import Sandbox, start_sandbox
 from .watcher import OutputWatcher
 
-# The run's own clients say nothing: their complaints of a broker the run killed are expected, and what matters shows
-# in delivery reports and the run's checks.
-SILENT_CLIENT = {"log_level": 0}
 TICK_S = 0.1
 SAMPLE_EVERY_S = 1.0
 HOLD_WAIT_S = 60  # how long an aimed kill waits for a batch (or a task) to reach its step
@@ -135,26 +133,25 @@ class Feeder(threading.Thread):
 
     def _transaction(self, records: list[tuple[bytes | None, bytes | None]], commit: bool) -> None:
         producer = self.producer
-        values = [value for _key, value in records]
         try:
             producer.begin_transaction()
             for key, value in records:
                 produce_with_retry(producer, self.topic, value, key=key)
             if commit:
                 call_while_retriable(lambda: producer.commit_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
-                self.acknowledged += len(values)
+                self.acknowledged += len(records)
             else:
                 # Sent first: an abort purges the records still queued, and aborted input that never reached the
                 # topic would prove nothing.
                 producer.flush(FEED_CALL_TIMEOUT_S)
                 call_while_retriable(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
-                self.aborted += len(values)
+                self.aborted += len(records)
         except KafkaException as failed:
             if failed.args[0].txn_requires_abort():
                 call_while_retriable(lambda: producer.abort_transaction(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
-                self.aborted += len(values)
+                self.aborted += len(records)
             elif failed.args[0].fatal() or failed.args[0].retriable():
-                self.uncertain += len(values)
+                self.uncertain += len(records)
                 self.producer = self._new_producer()
             else:
                 raise
@@ -214,8 +211,8 @@ class ChaosRun:
         supervisor = sandbox = watcher = None
         try:
             # Read before anything starts: the cluster the job names may not answer.
-            samples = read_sample(load_job(self.job_file), self.settings.sample_input) \
-                if self.settings.sample_input else None
+            job = load_job(self.job_file)
+            samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
                                     self.settings.seed, self.settings.bootstrap_server)
             self.report.sandbox = dict(sandbox.endpoints)
@@ -229,7 +226,7 @@ class ChaosRun:
             sink, options = sink_data_source(sandbox.spec.sink.format), sandbox.spec.sink.options
             watcher = OutputWatcher(lambda: sink.visible_records(options), self.elapsed)
             watcher.start()
-            supervisor = self._drive(sandbox, master, cluster, samples)
+            supervisor = self._drive(sandbox, master, cluster, job, samples)
             supervisor.stop()
             self.event("stopped", "the driver stopped cleanly")
             self.report.watched = watcher.stop()
@@ -249,8 +246,9 @@ class ChaosRun:
         self.report.seconds = self.elapsed()
         return self.report
 
-    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None,
+    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None, job: JobSpec,
                samples: list[tuple[bytes | None, bytes | None]] | None) -> Supervisor:
+        """`job` as its file says (its own endpoints), `samples` the records read from its input, if any."""
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
         registry = sandbox.endpoints.get("schema registry")
@@ -258,7 +256,6 @@ class ChaosRun:
             generator = InputGenerator(sandbox.spec, settings.seed, registry, sandbox.topics.input)
             self.report.sandbox["input"] = f"generated from the job's format, seed {settings.seed}"
         else:
-            job = load_job(self.job_file)
             generator = SampledInput(samples, sandbox.topics.input, job.format.registry, registry)
             self.report.sandbox["input"] = (f"{len(samples)} records sampled from {job.source.get('subscribe')} on "
                                             f"{job.source.get('kafka.bootstrap.servers')} (read only), fed over and "
@@ -475,7 +472,6 @@ class ChaosRun:
         for hold in held:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(hold.name.rsplit("-", 1)[1]), signal.SIGKILL)
-        for hold in held:
             hold.unlink(missing_ok=True)
         self.fault("long-downtime", f"the driver and the Python worker of a task at {task_step} killed, batch "
                                     f"{committed} committed last; down longer than kafka.transaction.timeout.ms "
