@@ -37,6 +37,32 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# A test given at least this long (pytest-timeout's mark) is one of the few that take minutes.
+LONG_TEST_TIMEOUT_S = 400
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first, shared out among the test processes: pytest-xdist's worksteal hands each process an even,
+    contiguous share of the tests, and one that runs out takes short ones from the end of another's. Each share thus
+    begins with its long tests, so that no process runs the last long test alone while the others wait."""
+
+    def timeout(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("timeout")
+        return float(mark.args[0]) if mark and mark.args else 0.0
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    long = sorted((item for item in items if timeout(item) >= LONG_TEST_TIMEOUT_S), key=lambda item: -timeout(item))
+    short = iter([item for item in items if timeout(item) < LONG_TEST_TIMEOUT_S])
+    shares: list[list[pytest.Item]] = [long[n::workers] for n in range(workers)]
+    left = len(items)
+    for n, share in enumerate(shares):
+        size = left // (workers - n)  # as worksteal sizes them
+        share.extend(next(short) for _ in range(max(0, size - len(share))))
+        left -= len(share)
+    shares[-1].extend(short)
+    items[:] = [item for share in shares for item in share]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("apache_kafka")
     if marker is None or metafunc.definition.get_closest_marker("embedded_broker_only"):

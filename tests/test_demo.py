@@ -70,6 +70,7 @@ def test_demo_names_a_cluster_it_cannot_reach_and_exits_2(runtime_python, tmp_pa
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.timeout(600)
 def test_demo_survives_driver_crashes(runtime_python, tmp_path):
     """Processing-time windows (the default), with the Spark driver killed with SIGKILL every 20 s.
 

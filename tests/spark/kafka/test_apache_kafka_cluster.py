@@ -30,7 +30,7 @@ from support.crash import (
 )
 from support.spark import create_topic, unique
 
-CYCLES = 6
+CYCLES = 4
 SOURCE_PARTITIONS = 3
 SINK_PARTITIONS = 2
 
