@@ -12,7 +12,7 @@ sparkeos/kafka ratio.
     python benchmarks/broker.py --records 50000 --json /tmp/bench.json
 
 Apache Kafka (--kafka-version, the newest the tests run by default) is one KRaft node from Maven
-Central (tests/support/apache_kafka.py). It runs with the flush policy of sparkeos' --fsync, so that
+Central (sparkeos/apache_kafka.py). It runs with the flush policy of sparkeos' --fsync, so that
 both pay for the disk alike: with `always` (sparkeos' default: fsync before every acks=all answer)
 Kafka flushes after every append (log.flush.interval.messages=1); with `interval` both sync once a
 second (Kafka: log.flush.interval.ms and log.flush.scheduler.interval.ms 1000). Kafka's own default

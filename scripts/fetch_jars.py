@@ -15,18 +15,20 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
-from support import apache_kafka_jars, kafka_java, spark_kafka  # noqa: E402
+from sparkeos import apache_kafka  # noqa: E402
+from support import kafka_java, spark_kafka  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kafka", action="append", metavar="VERSION",
-                        help=f"an Apache Kafka version (default: {', '.join(apache_kafka_jars.VERSIONS)})")
+                        help=f"an Apache Kafka version (default: {', '.join(apache_kafka.VERSIONS)})")
     args = parser.parse_args()
-    for version in args.kafka or apache_kafka_jars.VERSIONS:
-        jars = apache_kafka_jars.kafka_jars(version)
+    for version in args.kafka or apache_kafka.VERSIONS:
+        jars = apache_kafka.kafka_jars(version)
         print(f"Apache Kafka {version}: {len(jars)} jars in {jars[0].parent}")
     jars = kafka_java.kafka_client_jars()
     print(f"kafka-clients {kafka_java.KAFKA_CLIENTS_VERSION}: {len(jars)} jars in {jars[0].parent}")

@@ -1,7 +1,7 @@
 """Shared fixtures: a real broker over real TCP for every test that needs one.
 
 A test (or module) marked `apache_kafka` runs once against the embedded broker and once against each Apache Kafka
-version of `SPARKEOS_TEST_KAFKA` (default: every version of support/apache_kafka.VERSIONS; `none` runs the embedded
+version of `SPARKEOS_TEST_KAFKA` (default: every version of sparkeos.apache_kafka.VERSIONS; `none` runs the embedded
 broker only), through the same `broker` (or `broker_process`) fixture; a test that starts its broker itself takes
 `broker_kind`, the name of the kind to start. Its test ids end in `[embedded]`,
 `[kafka-4.4.0]`, ... A test of such a module marked `embedded_broker_only` runs on the embedded broker alone.

@@ -1,4 +1,4 @@
-"""The Apache Kafka harness the connectors are proven on (support/apache_kafka.py, support/maven.py): jars from
+"""The Apache Kafka harness the connectors are proven on (sparkeos/apache_kafka.py, sparkeos/maven.py): jars from
 Maven Central, single nodes of each version, a three-node cluster whose nodes are killed -9 and restarted."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from sparkeos import apache_kafka
+from sparkeos.maven import MavenUnavailable, cached_jars
 from sparkeos.verify import read_values
-from support import apache_kafka
 from support.crash import wait_until_stable
-from support.maven import MavenUnavailable, cached_jars
 from support.spark import create_topic, wait_for
 
 
@@ -47,9 +47,9 @@ def test_jars_are_fetched_once_into_a_complete_entry(tmp_path, monkeypatch) -> N
 
 
 def test_fetch_jars_runs_on_the_standard_library_alone() -> None:
-    # .ci/run calls it with the system Python before any virtualenv exists: neither sparkeos nor any other installed
-    # package may be imported on its way. -S leaves out every site-packages directory; the jars are in the cache by
-    # now (.ci/run and the Apache Kafka tests fill it), so this mostly reads the cache.
+    # .ci/run calls it with the system Python before any virtualenv exists: nothing installed may be imported on its
+    # way (sparkeos' own modules it takes from src/). -S leaves out every site-packages directory; the jars are in
+    # the cache by now (.ci/run and the Apache Kafka tests fill it), so this mostly reads the cache.
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys._base_executable, "-S", str(root / "scripts" / "fetch_jars.py")],
                             capture_output=True, text=True, timeout=300, cwd="/")

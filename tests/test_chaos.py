@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from collections import Counter
 from dataclasses import replace
@@ -30,6 +31,7 @@ from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
 from sparkeos.spark import sink_data_source
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
+from support.apache_kafka import VERSIONS
 from support.browser import rendered_dom
 from support.runtime_only import runtime_environment
 from support.spark import create_topic, produce, unique, wait_for
@@ -203,6 +205,27 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names(bro
 
 
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_an_apache_kafka_node_the_run_starts_is_killed_and_its_answers_dropped(runtime_python, tmp_path):
+    """`--kafka-version`: the run starts Apache Kafka itself, in place of the embedded broker, so the broker's faults
+    apply: the node killed -9 and started again on its data, and its answers dropped and delayed by the run's proxy
+    (the node advertises it)."""
+    version = VERSIONS[0]
+    result = chaos(runtime_python, EXAMPLES / "people-json.yaml", "--kafka-version", version, "--faults",
+                   "broker-kill=4,network-kafka=3", "--duration", "3", "--rate", "60", "--json",
+                   "--workdir", str(tmp_path / "work"))
+    report = last_json(result)
+    assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}"
+    assert report["exact"] and report["expected"] == report["delivered"] > 0, report
+    assert set(report["injected"]) == {"broker-kill", "network-kafka"}, report["injected"]
+    assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
+    kafka = report["sandbox"]["Kafka"]
+    assert "the run's proxy, in front of the broker" in kafka and f"Apache Kafka {version}" in kafka, kafka
+    # Apache Kafka's own log: the node was started again after each kill, on the same data.
+    log = (tmp_path / "work" / "kafka" / "node-1" / "server.log").read_text(errors="replace")
+    assert log.count("Kafka Server started") == 1 + report["injected"]["broker-kill"], log[-2000:]
+
+
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
 def test_sampled_input_is_the_jobs_own_records_fed_over_and_over_and_nothing_is_written_where_they_came_from(
         broker, tmp_path):
     """`--sample-input`: about the last N records of the job's own input topic, on the cluster its job file names
@@ -239,11 +262,30 @@ def test_sampled_input_is_the_jobs_own_records_fed_over_and_over_and_nothing_is_
     (["--faults", "broker-kill", "--bootstrap-server", "127.0.0.1:9"],
      "fault broker-kill does not apply to this run: it needs a Kafka the run starts itself"),
     (["--faults", "driver-kill=0"], "must be more than 0 s"),
+    (["--kafka-version", "2.8.2"], "--kafka-version: Apache Kafka 3.x and 4.x only (got '2.8.2')"),
+    (["--kafka-version", "latest"], "--kafka-version: Apache Kafka 3.x and 4.x only (got 'latest')"),
+    (["--kafka-version", "4.4.0", "--bootstrap-server", "127.0.0.1:9"],
+     "--kafka-version starts a Kafka of the run's own; --bootstrap-server names one: give one of them"),
     (["--duration", "0"], "--duration must be more than 0 seconds"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(runtime_python, arguments, message):
     result = chaos(runtime_python, EXAMPLES / "people-json.yaml", *arguments)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_an_apache_kafka_version_not_in_the_cache_is_fetched_saying_so_or_refused_naming_what_is_missing(
+        runtime_python, tmp_path):
+    """The jars come from Maven Central at a user's run time only with a word first; without Maven the run ends
+    before the job starts, saying what to install."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "java").symlink_to(shutil.which("java"))
+    result = chaos(runtime_python, EXAMPLES / "people-json.yaml", "--kafka-version", VERSIONS[0], "--faults",
+                   "driver-kill", env={"PATH": f"{runtime_python.parent}:{tools}",
+                                       "SPARKEOS_CACHE_DIR": str(tmp_path / "empty-cache")})
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"fetching Apache Kafka {VERSIONS[0]}'s jars from Maven Central" in result.stdout
+    assert "`mvn` is not on PATH" in result.stderr and "install Maven" in result.stderr, result.stderr[-3000:]
 
 
 def test_jobs_the_sandbox_cannot_run_are_refused_with_the_reason(runtime_python, tmp_path):

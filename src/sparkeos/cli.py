@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -180,6 +181,10 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
                         help="run against this Kafka in place of the embedded broker: the run creates topics of its "
                              "own there (it kills no broker it did not start)")
+    parser.add_argument("--kafka-version", metavar="VERSION",
+                        help="run against a node of Apache Kafka VERSION (3.x or 4.x) that the run starts, in place "
+                             "of the embedded broker, and faults as its own; needs Java 17, and the jars in the cache "
+                             "(fetched from Maven Central with mvn, once, when they are not)")
     parser.add_argument("--sample-input", type=_positive, metavar="RECORDS",
                         help="feed about this many of the last records of the job's own input topic (read from the "
                              "cluster its job file names: read only, no consumer group), over and over, in place of "
@@ -209,17 +214,25 @@ def run_chaos(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
+    from .apache_kafka import KafkaStartFailed
     from .chaos import ChaosSettings, FaultError, SandboxError, parse_faults, run_chaos
     from .chaos.input import SampleError
     from .chaos.report import PlainProgress, live_table, print_report
     from .jobs.quiet import quiet_third_party_warnings, setup_logging
     from .jobs.spec import JobError, load_job
+    from .maven import MavenUnavailable
 
     quiet_third_party_warnings()
     setup_logging("WARNING")
     try:
         if not args.duration > 0:
             raise FaultError(f"--duration must be more than 0 seconds (got {args.duration})")
+        if args.kafka_version is not None:
+            if args.bootstrap_server:
+                raise FaultError("--kafka-version starts a Kafka of the run's own; --bootstrap-server names one: "
+                                 "give one of them")
+            if not re.fullmatch(r"[34]\.\d+\.\d+", args.kafka_version):
+                raise FaultError(f"--kafka-version: Apache Kafka 3.x and 4.x only (got {args.kafka_version!r})")
         spec = load_job(args.job)
         faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server))
         from .chaos.sandbox import check_runnable
@@ -231,7 +244,13 @@ def run_chaos(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
                              args.timeout, args.workdir, bootstrap_server=args.bootstrap_server,
-                             sample_input=args.sample_input)
+                             sample_input=args.sample_input, kafka_version=args.kafka_version)
+    if args.kafka_version is not None:
+        from .apache_kafka import kafka_jars_cached
+
+        if not kafka_jars_cached(args.kafka_version):
+            console.print(f"fetching Apache Kafka {args.kafka_version}'s jars from Maven Central into the cache "
+                          "(once)", highlight=False)
     try:
         if console.is_terminal:
             with Live(console=console, refresh_per_second=2) as live:
@@ -239,7 +258,8 @@ def run_chaos(args: argparse.Namespace) -> int:
         else:
             # A log, not a screen: Live would print its last table only, with the report's first line after it.
             report = run_chaos(args.job, settings, on_tick=PlainProgress(console).show)
-    except (SampleError, SandboxError) as exc:  # what the clusters named (or sampled) refused, before the job ran
+    except (SampleError, SandboxError, MavenUnavailable, KafkaStartFailed) as exc:
+        # What the clusters named (or sampled) refused, or an Apache Kafka that could not start: before the job ran.
         print(f"sparkeos chaos: {exc}", file=sys.stderr)
         return 2
     print_report(report, console)

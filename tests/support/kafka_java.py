@@ -1,11 +1,11 @@
 """Apache Kafka's own Java client (kafka-clients and its runtime jars), the reference implementation the broker is
-checked against, from Maven Central through the shared jar cache (support/maven.py)."""
+checked against, from Maven Central through the shared jar cache (sparkeos/maven.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from support.maven import cached_jars
+from sparkeos.maven import cached_jars
 
 KAFKA_CLIENTS_VERSION = "3.9.1"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.maven import cached_jars
+from sparkeos.maven import cached_jars
 
 CONNECTOR_VERSION = "4.2.0"
 CONNECTOR_JARS = ("spark-sql-kafka-0-10_", "spark-token-provider-kafka-0-10_", "kafka-clients-", "commons-pool2-")

@@ -87,6 +87,7 @@ class ChaosSettings:
     env: dict[str, str] = field(default_factory=dict)  # more environment for the job's driver
     bootstrap_server: str | None = None  # a Kafka named on the command line, in place of the embedded broker
     sample_input: int | None = None  # feed this many records of the job's own input, over and over
+    kafka_version: str | None = None  # an Apache Kafka node of this version, in place of the embedded broker
 
 
 def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injected: dict[str, int],
@@ -214,7 +215,7 @@ class ChaosRun:
             job = load_job(self.job_file)
             samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
-                                    self.settings.seed, self.settings.bootstrap_server)
+                                    self.settings.seed, self.settings.bootstrap_server, self.settings.kafka_version)
             self.report.sandbox = dict(sandbox.endpoints)
             self.report.job_name = sandbox.spec.name
             if cluster is not None:
@@ -377,7 +378,7 @@ class ChaosRun:
                         aimed = (due, failpoints.arm_hold(self.failpoints, task_step), now)
                         schedule.due[due] = float("inf")
                     elif due == "broker-kill" or (due == "postgres-crash" and sandbox.postgres is not None):
-                        server = sandbox.stack if due == "broker-kill" else sandbox.postgres
+                        server = sandbox.kafka_server if due == "broker-kill" else sandbox.postgres
                         outage = schedule.outage_s()
                         recovering.append((self.fault(due, f"down {outage:.1f} s"), committed))
                         server.crash()

@@ -4,7 +4,9 @@ directory for the checkpoint and a file sink's output. The job file is copied wi
 nothing else changed; the production endpoints it names are never contacted, unless `--sample-input` is given (then
 its input topic and schema registry are read, never written).
 
-A Kafka named on the command line (`--bootstrap-server`) takes the embedded broker's place: the run then creates
+With `--kafka-version`, a node of Apache Kafka that the run starts (jars from the cache of sparkeos.apache_kafka) takes
+the embedded broker's place, and is faulted as it would be. A Kafka named on the command line (`--bootstrap-server`)
+takes it too: the run then creates
 topics of its own there (the job's names behind a prefix of the run's), and gives the job's consumer group and
 transactionalIdPrefix the same prefix, so that nothing of the job's own on that cluster is read, written or fenced.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from ..apache_kafka import ApacheKafkaCluster
 from ..jobs.quiet import librdkafka_log_level
 from ..jobs.spec import EXACT_FILE_SINK, FILE_SINKS, POSTGRES_SINK, JobSpec, load_job
 from ..ports import free_port
@@ -32,6 +35,23 @@ OUTPUT_PARTITIONS = 2
 
 class SandboxError(ValueError):
     """The job cannot run in the sandbox as it is written; the message says why and what to change."""
+
+
+class ApacheKafkaNode:
+    """The one Apache Kafka node of a run, crashed and started again as the broker-kill fault does it."""
+
+    def __init__(self, cluster: ApacheKafkaCluster):
+        self.cluster = cluster
+
+    @property
+    def port(self) -> int:
+        return self.cluster.nodes[1].port
+
+    def crash(self) -> None:
+        self.cluster.kill(1)
+
+    def start(self) -> None:
+        self.cluster.restart(1)
 
 
 @dataclass
@@ -55,13 +75,23 @@ class Sandbox:
     kafka_proxy: TcpProxy | None = None  # the broker advertises it: every client's connection runs through it
     postgres_proxy: TcpProxy | None = None  # between the job and PostgreSQL
     named_kafka: str | None = None  # the bootstrap servers of a Kafka named on the command line
+    apache_kafka: ApacheKafkaCluster | None = None  # the Apache Kafka node the run started, if any
 
     @property
     def bootstrap(self) -> str:
+        if self.apache_kafka is not None:
+            return self.apache_kafka.bootstrap_servers
         return self.named_kafka or self.stack.bootstrap_servers
+
+    @property
+    def kafka_server(self) -> StackProcess | ApacheKafkaNode:
+        """The broker that the broker-kill fault crashes and starts again."""
+        return ApacheKafkaNode(self.apache_kafka) if self.apache_kafka is not None else self.stack
 
     def stop(self) -> None:
         try:
+            if self.apache_kafka is not None:
+                self.apache_kafka.stop()
             if self.stack is not None:
                 self.stack.stop()
         finally:
@@ -90,10 +120,11 @@ def check_runnable(spec: JobSpec) -> str:
 
 
 def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[str, float] | None = None,
-                  seed: int = 0, named_kafka: str | None = None) -> Sandbox:
+                  seed: int = 0, named_kafka: str | None = None, kafka_version: str | None = None) -> Sandbox:
     """Start the sandbox's processes and write the job file pointed at them into `workdir`; the proxies the network
     faults among `faults` need go in front of the broker and PostgreSQL. `named_kafka`: the bootstrap servers of a
-    Kafka to run against in place of the embedded broker."""
+    Kafka to run against in place of the embedded broker; `kafka_version`: the Apache Kafka version of a node to
+    start in its place."""
     spec = load_job(job_file)
     input_topic = check_runnable(spec)
     document = yaml.safe_load(Path(job_file).read_text())
@@ -107,15 +138,29 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         kafka_proxy.target = ("127.0.0.1", port)
         extra = ["--advertised-listener", kafka_proxy.address]
     avro = spec.format.type == "avro"
-    stack = None
-    if not named_kafka or avro:
-        stack = StackProcess(workdir / "broker", port=port, schema_registry=avro, extra_args=extra).start()
+    stack = apache = None
+    if kafka_version:
+        apache = ApacheKafkaCluster(workdir / "kafka", kafka_version,
+                                    advertised_port=kafka_proxy.port if kafka_proxy is not None else None)
+        port = apache.nodes[1].port
+        if kafka_proxy is not None:
+            kafka_proxy.target = ("127.0.0.1", port)
     postgres = postgres_proxy = None
     try:
-        bootstrap = named_kafka or stack.bootstrap_servers
+        if apache is not None:
+            apache.start()
+        if not (named_kafka or apache) or avro:
+            # Beside another Kafka, the embedded broker is there for its schema registry.
+            stack = StackProcess(workdir / "broker", port=0 if apache else port, schema_registry=avro,
+                                 extra_args=[] if apache else extra).start()
+        bootstrap = named_kafka or (apache.bootstrap_servers if apache else stack.bootstrap_servers)
         endpoints = {"Kafka": bootstrap}
+        broker = f"Apache Kafka {kafka_version}, a node the run started" if apache else "the broker"
         if kafka_proxy is not None:
-            endpoints["Kafka"] = f"{kafka_proxy.address} (the run's proxy, in front of the broker on 127.0.0.1:{port})"
+            endpoints["Kafka"] = (f"{kafka_proxy.address} (the run's proxy, in front of the broker on 127.0.0.1:{port}"
+                                  + (f": {broker})" if apache else ")"))
+        elif apache is not None:
+            endpoints["Kafka"] = f"{bootstrap} ({broker})"
         if named_kafka:
             prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-"
             input_topic = _behind_prefix(document, prefix)
@@ -152,10 +197,10 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
                         sandboxed.bad_records.topic if sandboxed.bad_records.policy == "dead-letter" else None)
         _create_topics(bootstrap, topics, partitions)
         return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy,
-                       named_kafka)
+                       named_kafka, apache)
     except BaseException:
         Sandbox(workdir, stack, postgres, job_file, spec, Topics(input_topic, None, None), {}, kafka_proxy,
-                postgres_proxy).stop()
+                postgres_proxy, apache_kafka=apache).stop()
         raise
 
 

@@ -5,7 +5,7 @@ exclusions mean what they mean to Maven. Each set of coordinates gets one direct
 all, so a run interrupted mid-download or two test processes fetching at once never see half a classpath.
 
 Only the standard library is used: `.ci/run` calls this module (through scripts/fetch_jars.py) with the system
-Python, before any virtualenv exists.
+Python, before any virtualenv exists. `mvn` is needed only to fill the cache.
 """
 
 from __future__ import annotations
@@ -33,23 +33,33 @@ class MavenUnavailable(RuntimeError):
     """The jars are not in the cache and Maven could not fetch them."""
 
 
+def is_cached(name: str, coordinates: list[str], cache_dir: Path | None = None) -> bool:
+    """Whether `cached_jars` would answer from the cache, without Maven."""
+    return (_entry(name, coordinates, cache_dir)[1] / COMPLETE).is_file()
+
+
 def cached_jars(name: str, coordinates: list[str], cache_dir: Path | None = None) -> list[Path]:
     """The jars of `coordinates` ("group:artifact:version") and of their runtime dependencies, fetched into
     `<cache>/maven/<name>-<digest>` on first use."""
+    root, target = _entry(name, coordinates, cache_dir)
+    if (target / COMPLETE).is_file():
+        return _jars(target)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch per entry; the others wait and take its result
+        if not (target / COMPLETE).is_file():
+            _fetch(coordinates, root, target)
+    return _jars(target)
+
+
+def _entry(name: str, coordinates: list[str], cache_dir: Path | None) -> tuple[Path, Path]:
+    """The cache's root and the directory of one entry."""
     for coordinate in coordinates:
         if len(coordinate.split(":")) != 3:
             raise ValueError(f"Maven coordinates must be group:artifact:version, got {coordinate!r}")
     digest = hashlib.sha256("\n".join(sorted(coordinates)).encode()).hexdigest()[:12]
     root = (cache_dir or default_cache_dir()) / "maven"
-    target = root / f"{name}-{digest}"
-    if (target / COMPLETE).is_file():
-        return _jars(target)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}-{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch per entry; the others wait and take its result
-        if not (target / COMPLETE).is_file():
-            _fetch(coordinates, root, target)
-    return _jars(target)
+    return root, root / f"{name}-{digest}"
 
 
 def _jars(directory: Path) -> list[Path]:

@@ -1,0 +1,367 @@
+"""Apache Kafka itself, on this machine: a single node or an N-node KRaft cluster, for `sparkeos chaos
+--kafka-version` (nodes of the run's own, which it may kill) and for the tests and benchmarks.
+
+Each node is a combined broker and controller (`process.roles=broker,controller`) on free loopback ports, with
+static voters. Replication is set as a real cluster sets it: replication factor min(3, N) for new and internal
+topics, `min.insync.replicas` min(2, N), so a 3-node cluster keeps taking writes while one node is down. The
+internal topics have 10 partitions instead of 50, to start faster on two cores; nothing of ours depends on the count.
+
+The jars come from Maven Central (`org.apache.kafka:kafka_2.13` and its runtime dependencies, plus the logging
+binding Kafka's own distribution ships) through the shared cache of maven.py; `scripts/fetch_jars.py` fetches them
+ahead of time, as `.ci/run` does. Each node logs to `<node dir>/server.log`. Only the standard library is imported at
+module level: scripts/fetch_jars.py imports this module with the system Python.
+
+    with ApacheKafkaCluster(tmp_path, "4.4.0", nodes=3) as cluster:
+        cluster.bootstrap_servers          # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
+        cluster.kill(cluster.leader_of("t", 0))   # kill -9
+        cluster.restart(node_id)           # same data, same ports; returns once it serves again
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .maven import cached_jars, is_cached
+from .ports import free_port
+
+# The newest release of each line Maven Central serves here: 4.x, and 3.9.x for the many users still on 3.
+VERSIONS = ("4.4.0", "3.9.2")
+# Kafka's distribution ships a logging binding the Maven artifact leaves out: log4j 2 from 4.0 on, reload4j before.
+_LOGGING = {
+    4: ["org.apache.logging.log4j:log4j-slf4j-impl:2.25.5"],
+    3: ["org.slf4j:slf4j-reload4j:1.7.36"],
+}
+
+START_TIMEOUT_S = 120.0
+INTERNAL_TOPIC_PARTITIONS = 10
+HEAP = "-Xmx512m"
+_LOG4J2 = """\
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka-request.name = kafka.request.logger
+logger.kafka-request.level = {request_level}
+"""
+_LOG4J1 = """\
+log4j.rootLogger=INFO, file
+log4j.appender.file=org.apache.log4j.FileAppender
+log4j.appender.file.File={log}
+log4j.appender.file.layout=org.apache.log4j.PatternLayout
+log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger={request_level}
+"""
+
+
+def major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def _coordinates(version: str) -> list[str]:
+    if major(version) not in _LOGGING:
+        raise ValueError(f"Apache Kafka {version}: only 3.x and 4.x are supported here")
+    return [f"org.apache.kafka:kafka_2.13:{version}", *_LOGGING[major(version)]]
+
+
+def kafka_jars(version: str) -> list[Path]:
+    """The broker's classpath for one Kafka version, fetched on first use."""
+    return cached_jars(f"kafka-{version}", _coordinates(version))
+
+
+def kafka_jars_cached(version: str) -> bool:
+    """Whether `kafka_jars(version)` needs no download."""
+    return is_cached(f"kafka-{version}", _coordinates(version))
+
+
+class KafkaStartFailed(RuntimeError):
+    """A node exited or did not serve in time; the message holds the end of its log."""
+
+
+def _die_with_parent() -> None:
+    # A test process killed by its timeout must not leave brokers running on the machine.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class KafkaNode:
+    node_id: int
+    port: int
+    controller_port: int
+    directory: Path
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "server.log"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = ""
+        for path in (self.directory / "stdout.log", self.log):
+            if path.exists():
+                text += f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        return text
+
+
+class ApacheKafkaCluster:
+    """N combined broker+controller nodes of one Kafka version, started from a shared jar cache."""
+
+    def __init__(self, root: Path, version: str = VERSIONS[0], nodes: int = 1, *,
+                 settings: Mapping[str, object] | None = None, features: Mapping[str, int] | None = None,
+                 log_requests: bool = False, advertised_port: int | None = None):
+        """`settings` are broker settings (server.properties keys) added to or replacing the defaults; `features`
+        are feature levels given at format time (`kafka-storage format --feature`, 4.x), e.g.
+        {"transaction.version": 1} for the first transaction protocol. `log_requests` logs every request a node
+        completes (Kafka's request logger at DEBUG), read back with `requests_seen`. `advertised_port` (one node
+        only) is the port clients are told to connect to, a proxy's in front of the node; the node's traffic to
+        itself (transaction verification, KIP-890) then takes a listener of its own, not the proxy."""
+        if nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, got {nodes}")
+        if advertised_port is not None and nodes != 1:
+            raise ValueError("advertised_port applies to a one-node cluster")
+        if features and major(version) < 4:
+            raise ValueError(f"Apache Kafka {version} takes no --feature at format time")
+        self.version = version
+        self.root = Path(root)
+        self.settings = dict(settings or {})
+        self.features = dict(features or {})
+        self.log_requests = log_requests
+        self.advertised_port = advertised_port
+        self.internal_port = free_port() if advertised_port is not None else None
+        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.nodes = {
+            node_id: KafkaNode(node_id, free_port(), free_port(), self.root / f"node-{node_id}")
+            for node_id in range(1, nodes + 1)
+        }
+        self._java = shutil.which("java")
+        if self._java is None:
+            raise KafkaStartFailed("`java` is not on PATH: Apache Kafka needs a JDK 17 (openjdk-17-jdk-headless)")
+        self._classpath = os.pathsep.join(str(jar) for jar in kafka_jars(version))
+        self._formatted = False
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.address for node in self.nodes.values())
+
+    def __enter__(self) -> ApacheKafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ApacheKafkaCluster({self.version}, {len(self.nodes)} node(s), {self.bootstrap_servers})"
+
+    def broker_settings(self, node: KafkaNode) -> dict[str, object]:
+        count = len(self.nodes)
+        replicas, min_isr = min(3, count), min(2, count)
+        voters = ",".join(f"{other.node_id}@127.0.0.1:{other.controller_port}" for other in self.nodes.values())
+        listeners = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}"}
+        if self.advertised_port is not None:
+            listeners = {
+                "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port},"
+                             f"INTERNAL://127.0.0.1:{self.internal_port}",
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port},"
+                                        f"INTERNAL://127.0.0.1:{self.internal_port}",
+                "inter.broker.listener.name": "INTERNAL",
+                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT",
+            }
+        return {
+            "process.roles": "broker,controller",
+            "node.id": node.node_id,
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            **listeners,
+            "log.dirs": str(node.directory / "data"),
+            # Set by every real cluster, so their configs' source is the broker's static config; a single node
+            # keeps Kafka's defaults (1 and 1), as the embedded broker does.
+            **({"default.replication.factor": replicas, "min.insync.replicas": min_isr} if count > 1 else {}),
+            "offsets.topic.replication.factor": replicas,
+            "offsets.topic.num.partitions": INTERNAL_TOPIC_PARTITIONS,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            "transaction.state.log.num.partitions": INTERNAL_TOPIC_PARTITIONS,
+            "group.initial.rebalance.delay.ms": 0,
+            # Kafka aborts a transaction past its timeout when this check runs (10 s by default): tests that wait
+            # for such an abort would wait up to 10 s more.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
+            **self.settings,
+        }
+
+    # --- life cycle ---------------------------------------------------------------------------------------------
+
+    def start(self) -> ApacheKafkaCluster:
+        if not self._formatted:
+            for node in self.nodes.values():
+                self._format(node)
+            self._formatted = True
+        for node in self.nodes.values():
+            self._launch(node)
+        try:
+            for node in self.nodes.values():
+                self._wait_serving(node)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, node_id: int) -> None:
+        """kill -9 of one node; its data and ports stay for restart()."""
+        node = self.nodes[node_id]
+        if node.process is not None:
+            node.process.kill()
+            node.process.wait()
+
+    def restart(self, node_id: int) -> None:
+        """Start a node that was killed or stopped again, and return once it serves."""
+        node = self.nodes[node_id]
+        if node.alive():
+            raise RuntimeError(f"node {node_id} is running; kill it first")
+        self._launch(node)
+        self._wait_serving(node)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                node.process.kill()
+                node.process.wait()
+
+    # --- where things are ---------------------------------------------------------------------------------------
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The node that leads a partition now."""
+        metadata = self._admin().list_topics(topic, timeout=10)
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or partition not in found.partitions:
+            raise KeyError(f"{topic}-{partition} not in the metadata of {self}")
+        return found.partitions[partition].leader
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        """The node that leads the `__transaction_state` partition of a transactional id, as Kafka places it:
+        abs(String.hashCode()) % the topic's partition count."""
+        metadata = self._admin().list_topics("__transaction_state", timeout=10)
+        partitions = metadata.topics["__transaction_state"].partitions
+        if not partitions:
+            raise KeyError(f"__transaction_state has no partitions yet on {self}: no producer initialised one")
+        return partitions[_java_string_hash_abs(transactional_id) % len(partitions)].leader
+
+    def format_output(self, node_id: int = 1) -> str:
+        """What `kafka-storage format` printed for a node: the bootstrap metadata, with its feature levels."""
+        return (self.nodes[node_id].directory / "format.log").read_text()
+
+    def requests_seen(self, node_id: int = 1) -> Counter[tuple[str, int]]:
+        """(API name, version) of every request the node completed from a client, counted; needs `log_requests`."""
+        if not self.log_requests:
+            raise RuntimeError(f"{self} does not log requests: create it with log_requests=True")
+        seen: Counter[tuple[str, int]] = Counter()
+        for line in self.nodes[node_id].log.read_text(errors="replace").splitlines():
+            start = line.find("Completed request:")
+            if start >= 0:
+                header = json.loads(line[start + len("Completed request:"):].rsplit(" (kafka.request.logger)", 1)[0])
+                header = header["requestHeader"]
+                seen[(header["requestApiKeyName"], header["requestApiVersion"])] += 1
+        return seen
+
+    def _admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap_servers})
+
+    # --- processes ----------------------------------------------------------------------------------------------
+
+    def _properties(self, node: KafkaNode) -> Path:
+        node.directory.mkdir(parents=True, exist_ok=True)
+        path = node.directory / "server.properties"
+        path.write_text("".join(f"{key}={value}\n" for key, value in self.broker_settings(node).items()))
+        return path
+
+    def _format(self, node: KafkaNode) -> None:
+        command = [self._java, HEAP, "-cp", self._classpath, "kafka.tools.StorageTool", "format",
+                   # One argument, as an id may start with "-" (base64 of random bytes).
+                   f"--cluster-id={self.cluster_id}", "-c", str(self._properties(node))]
+        for name, level in self.features.items():
+            command += ["--feature", f"{name}={level}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        (node.directory / "format.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise KafkaStartFailed(f"formatting node {node.node_id} of {self} failed:\n{done.stdout}\n{done.stderr}")
+
+    def _launch(self, node: KafkaNode) -> None:
+        properties = self._properties(node)
+        logging_config = node.directory / "log4j.properties"
+        request_level = "DEBUG" if self.log_requests else "WARN"
+        if major(self.version) >= 4:
+            logging_config.write_text(_LOG4J2.format(log=node.log, request_level=request_level))
+            logging_flag = f"-Dlog4j2.configurationFile={logging_config}"
+        else:
+            logging_config.write_text(_LOG4J1.format(log=node.log, request_level=request_level))
+            logging_flag = f"-Dlog4j.configuration=file:{logging_config}"
+        with open(node.directory / "stdout.log", "ab") as output:
+            node.process = subprocess.Popen(
+                [self._java, HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+                 "-Djava.awt.headless=true", logging_flag, f"-Dkafka.logs.dir={node.directory}",
+                 "-cp", self._classpath, "kafka.Kafka", str(properties)],
+                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+
+    def _wait_serving(self, node: KafkaNode) -> None:
+        """Until the node itself answers a metadata request that lists it: a KRaft broker opens its client
+        listener only once it has caught up with the metadata log and is unfenced."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": node.address, "socket.connection.setup.timeout.ms": 2000,
+                             "reconnect.backoff.max.ms": 200, "log_level": 0})
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not node.alive():
+                raise KafkaStartFailed(f"node {node.node_id} of {self} exited\n{node.log_tail()}")
+            try:
+                metadata = admin.list_topics(timeout=1)
+            except Exception:  # noqa: BLE001 - not listening yet (KafkaException of a transport error)
+                continue
+            # The first answer can only come from the node itself: the client knows no other broker before it.
+            if node.node_id in metadata.brokers:
+                return
+        raise KafkaStartFailed(f"node {node.node_id} of {self} did not serve in {START_TIMEOUT_S:.0f} s\n"
+                               f"{node.log_tail()}")
+
+
+def _java_string_hash_abs(text: str) -> int:
+    """Kafka's Utils.abs(String.hashCode()): Java's 32-bit string hash over UTF-16 code units; Utils.abs maps
+    Integer.MIN_VALUE to 0."""
+    value = 0
+    for unit in _utf16_units(text):
+        value = (31 * value + unit) & 0xFFFFFFFF
+    signed = value - (1 << 32) if value >= 1 << 31 else value
+    return 0 if signed == -(1 << 31) else abs(signed)
+
+
+def _utf16_units(text: str) -> list[int]:
+    encoded = text.encode("utf-16-be")
+    return [int.from_bytes(encoded[index:index + 2], "big") for index in range(0, len(encoded), 2)]
