@@ -78,6 +78,11 @@ def check_html_report(page: Path, report: dict) -> None:
         report[k] for k in ("expected", "delivered", "missing", "duplicated", "unexpected")]
 
 
+# The example run on Apache Kafka (a node the run starts, --kafka-version) rather than on the embedded broker: the
+# broker's faults and a downtime past the transaction timeout, on Kafka's own transaction coordinator.
+ON_APACHE_KAFKA = {"people-json.yaml": VERSIONS[0]}
+
+
 def faults_argument(job: Path) -> str:
     return ",".join(f"{kind}={TEST_INTERVALS[kind]}" for kind in applicable(load_job(job)))
 
@@ -88,8 +93,10 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
     job = EXAMPLES / example
     faults = faults_argument(job)
     page = tmp_path / "chaos.html"
+    version = ON_APACHE_KAFKA.get(example)
     result = chaos(runtime_python, job, "--faults", faults, "--duration", "15", "--rate", "60", "--seed", "7",
-                   "--json", "--workdir", str(tmp_path / "work"), "--report", str(page))
+                   "--json", "--workdir", str(tmp_path / "work"), "--report", str(page),
+                   *(["--kafka-version", version] if version else []))
     report = last_json(result)
     log = (tmp_path / "work" / "driver.log").read_text(errors="replace")[-3000:]
     assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}\n{log}"
@@ -105,6 +112,11 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
         "driver-kill", "driver-kill-mid-commit", "long-downtime"))
     assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
     assert "the run's proxy, in front of the broker" in report["sandbox"]["Kafka"]
+    if version:
+        assert f"Apache Kafka {version}, a node the run started" in report["sandbox"]["Kafka"], report["sandbox"]
+        # Apache Kafka's own log: the node was started again after each kill, on the same data.
+        log = (tmp_path / "work" / "kafka" / "node-1" / "server.log").read_text(errors="replace")
+        assert log.count("Kafka Server started") == 1 + report["injected"]["broker-kill"], log[-2000:]
     assert "the run's standalone cluster: 2 workers" in report["sandbox"]["Spark"]
     # The task kills struck a task in the middle of its transaction, at the sink's own step.
     step = sink_data_source(load_job(job).sink.format).task_transaction_step
@@ -175,81 +187,53 @@ def test_a_sink_whose_readers_see_uncommitted_rows_is_reported_inexact_though_it
 
 @pytest.mark.apache_kafka(newest_only=True, embedded=False)
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
-def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names(broker, tmp_path):
+def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed_its_own_sampled_records(
+        broker, tmp_path):
     """A test of the user's own pipeline: the job as a dict, its transformation a function of theirs
     (support/chaos_pipeline.py, found through this process's sys.path), run on Apache Kafka that the caller names in
     place of the embedded broker; the report comes back as an object. On that shared cluster the run makes topics of
-    its own and keeps off the job's own names: its topics, its consumer group."""
+    its own and keeps off the job's own names: its topics, its consumer group. `sample_input`: about the last N
+    records of the job's own input topic (here on the same cluster, standing for production) are read once and fed
+    again and again; nothing is written where they came from."""
+    bootstrap = broker.bootstrap_servers
+    own = {"input": unique("job-input"), "output": unique("job-output"), "group": unique("job-group")}
+    create_topic(bootstrap, own["input"], partitions=2)
+    rows = [{"id": 1000 + n, "name": f"n{n}", "age": 20 + n % 50, "country": "UK"} for n in range(400)]
+    produce(bootstrap, own["input"], [json.dumps(row) for row in rows], spread_over=2)
     document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
     document["transforms"] = [{"python": "support.chaos_pipeline:adults_in_capitals"}]
-    own = {"input": unique("job-input"), "output": unique("job-output"), "group": unique("job-group")}
-    document["source"].update({"subscribe": own["input"], "kafka.group.id": own["group"]})
+    document["source"].update({"kafka.bootstrap.servers": bootstrap, "subscribe": own["input"],
+                               "kafka.group.id": own["group"]})
     document["sink"]["topic"] = own["output"]
+    before = end_offsets(bootstrap, own["input"], isolation_level=READ_UNCOMMITTED)
     # One kind that needs no driver restart keeps the run short: what the engine does under each kind is the
-    # examples' test above; this one is about the API and a named cluster.
-    report = run(document, faults={"python-worker-kill": 5}, duration_s=1, rate=60, seed=3,
-                 workdir=tmp_path / "work", bootstrap_server=broker.bootstrap_servers)
+    # examples' test above; this one is about the API, a named cluster and sampled input.
+    report = run(document, faults={"python-worker-kill": 5}, duration_s=1, rate=60, seed=3, sample_input=100,
+                 workdir=tmp_path / "work", bootstrap_server=bootstrap)
     assert report.exact, (report.problems, report.audit and report.audit.summary())
     assert report.audit.output.delivered == report.audit.output.expected > 0
     assert set(report.injected) == {"python-worker-kill"}
-    assert report.sandbox["Kafka"].startswith(f"{broker.bootstrap_servers} (named on the command line")
+    assert report.sandbox["Kafka"].startswith(f"{bootstrap} (named on the command line")
+    assert report.sandbox["input"] == (f"100 records sampled from {own['input']} on {bootstrap} (read only), "
+                                       "fed over and over")
     assert report_from_json(report.to_json()).to_json() == report.to_json()
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = set(admin.list_topics(timeout=30).topics)
     groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
-    assert not {own["input"], own["output"]} & topics and own["group"] not in groups
+    assert own["output"] not in topics and own["group"] not in groups
+    assert end_offsets(bootstrap, own["input"], isolation_level=READ_UNCOMMITTED) == before
     prefix = report.sandbox["Kafka"].split("begin with ")[1].rstrip(")")
     assert {prefix + own["input"], prefix + own["output"]} <= topics and prefix + own["group"] in groups
-    with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
-        run(document, faults="meteor-strike")
-
-
-@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
-def test_an_apache_kafka_node_the_run_starts_is_killed_and_its_answers_dropped(runtime_python, tmp_path):
-    """`--kafka-version`: the run starts Apache Kafka itself, in place of the embedded broker, so the broker's faults
-    apply: the node killed -9 and started again on its data, and its answers dropped and delayed by the run's proxy
-    (the node advertises it)."""
-    version = VERSIONS[0]
-    result = chaos(runtime_python, EXAMPLES / "people-json.yaml", "--kafka-version", version, "--faults",
-                   "broker-kill=4,network-kafka=3", "--duration", "3", "--rate", "60", "--json",
-                   "--workdir", str(tmp_path / "work"))
-    report = last_json(result)
-    assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}"
-    assert report["exact"] and report["expected"] == report["delivered"] > 0, report
-    assert set(report["injected"]) == {"broker-kill", "network-kafka"}, report["injected"]
-    assert all(report["recovery_s"].get(kind) for kind in report["injected"]), report["recovery_s"]
-    kafka = report["sandbox"]["Kafka"]
-    assert "the run's proxy, in front of the broker" in kafka and f"Apache Kafka {version}" in kafka, kafka
-    # Apache Kafka's own log: the node was started again after each kill, on the same data.
-    log = (tmp_path / "work" / "kafka" / "node-1" / "server.log").read_text(errors="replace")
-    assert log.count("Kafka Server started") == 1 + report["injected"]["broker-kill"], log[-2000:]
-
-
-@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
-def test_sampled_input_is_the_jobs_own_records_fed_over_and_over_and_nothing_is_written_where_they_came_from(
-        broker, tmp_path):
-    """`--sample-input`: about the last N records of the job's own input topic, on the cluster its job file names
-    (here a broker standing for production), are read once and fed to the sandbox again and again."""
-    import pyarrow.dataset as ds
-
-    topic = create_topic(broker.bootstrap_servers, unique("people"), partitions=2)
-    rows = [{"id": 1000 + n, "name": f"n{n}", "age": 20 + n % 50, "country": "UK"} for n in range(400)]
-    produce(broker.bootstrap_servers, topic, [json.dumps(row) for row in rows], spread_over=2)
-    document = yaml.safe_load((EXAMPLES / "people-files.yaml").read_text())
-    document["source"].update({"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": topic})
-    before = end_offsets(broker.bootstrap_servers, topic, isolation_level=READ_UNCOMMITTED)
-    report = run(document, faults="none", duration_s=5, rate=60, sample_input=100, workdir=tmp_path / "work")
-    assert report.exact, (report.problems, report.audit and report.audit.summary())
-    assert report.sandbox["input"] == (f"100 records sampled from {topic} on {broker.bootstrap_servers} (read only), "
-                                       "fed over and over")
-    ids = Counter(ds.dataset(tmp_path / "work" / "output", partitioning="hive").to_table().column("id").to_pylist())
+    # The output: the last 100 people, each fed more than once.
+    ids = Counter(json.loads(value)["id"] for value in read_values(bootstrap, prefix + own["output"]))
     assert set(ids) == set(range(1300, 1400)), sorted(ids)
     assert report.input_records > 100 and min(ids.values()) > 1
-    assert end_offsets(broker.bootstrap_servers, topic, isolation_level=READ_UNCOMMITTED) == before
+    with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
+        run(document, faults="meteor-strike")
     # A topic with nothing to sample is refused before anything starts.
-    document["source"]["subscribe"] = create_topic(broker.bootstrap_servers, unique("empty"), partitions=1)
+    document["source"]["subscribe"] = create_topic(bootstrap, unique("empty"), partitions=1)
     with pytest.raises(ChaosRunFailed, match="has no records to sample"):
-        run(document, faults="none", sample_input=100)
+        run(document, faults="none", sample_input=100, bootstrap_server=bootstrap)
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
