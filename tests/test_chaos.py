@@ -8,10 +8,12 @@ import json
 import re
 import shutil
 import subprocess
+import uuid
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
@@ -28,6 +30,7 @@ from sparkeos.chaos.engine import (
 from sparkeos.chaos.faults import HELD_TASK_FAULTS, Schedule, applicable
 from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
+from sparkeos.chaos.sandbox import behind_prefix
 from sparkeos.jobs.spec import load_job, parse_job
 from sparkeos.spark import sink_data_source
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
@@ -236,6 +239,69 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed
         run(document, faults="none", sample_input=100, bootstrap_server=bootstrap)
 
 
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_told_to_use_the_jobs_own_endpoints_the_run_uses_names_of_its_own_there(runtime_python, broker, postgres,
+                                                                                 tmp_path):
+    """`--use-job-endpoints`: the Kafka and the PostgreSQL server the job file names (here a broker and a server
+    standing for production) in place of the sandbox's. The run uses names of its own on them, so the job's own
+    topics, consumer group and table are neither read nor written, and it faults only what it started itself: here
+    its proxy, in front of the job's server."""
+    bootstrap = broker.bootstrap_servers
+    topic = create_topic(bootstrap, unique("people"), partitions=2)
+    produce(bootstrap, topic, [json.dumps({"id": 1, "name": "prod", "age": 40, "country": "UK"})])
+    table = f"adults_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres.url(), autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE public.{table} (id int, name text, age int, country text)")
+        connection.execute(f"INSERT INTO public.{table} VALUES (1, 'prod', 40, 'UK')")
+    document = yaml.safe_load((EXAMPLES / "people-postgres.yaml").read_text())
+    document["source"].update({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+    document["sink"]["options"].update(url=postgres.url(), dbtable=f"public.{table}")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document))
+    refused = chaos(runtime_python, job, "--use-job-endpoints", "--faults", "postgres-crash")
+    assert refused.returncode == 2 and ("fault postgres-crash does not apply to this run: it needs a PostgreSQL "
+                                        "server the run starts itself") in refused.stderr, refused.stderr
+    before = end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED)
+
+    result = chaos(runtime_python, job, "--use-job-endpoints", "--faults", "network-postgres=3", "--duration", "3",
+                   "--rate", "60", "--json", "--workdir", str(tmp_path / "work"))
+    report = last_json(result)
+    assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}"
+    assert report["exact"] and report["expected"] == report["delivered"] > 0, report
+    assert set(report["injected"]) == {"network-postgres"}, report["injected"]
+    kafka, database = report["sandbox"]["Kafka"], report["sandbox"]["PostgreSQL"]
+    assert kafka.startswith(f"{bootstrap} (the job's own, named in its file; ") and "begin with " in kafka, kafka
+    prefix = kafka.split("begin with ")[1].rstrip(")")
+    run_table = prefix.replace("-", "_") + table
+    assert f"the run's proxy, in front of the job's own server on {postgres.url()}" in database, database
+    assert f"the run's table public.{run_table}" in database, database
+    # Nothing of the job's own was touched; what the run wrote is under its own names.
+    assert end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED) == before
+    with psycopg.connect(postgres.url()) as connection:
+        assert connection.execute(f"SELECT id, name FROM public.{table}").fetchall() == [(1, "prod")]
+        assert connection.execute(f"SELECT count(*) FROM public.{run_table}").fetchone()[0] == report["delivered"]
+    assert prefix + topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+
+
+def test_the_names_a_run_on_the_jobs_own_endpoints_uses_are_its_own():
+    """Its table beside the job's (a quoted name stays quoted), its directory beside the job's."""
+    document = {"source": {"subscribe": "people", "kafka.group.id": "etl"},
+                "sink": {"format": "sparkeos.postgres", "options": {"dbtable": 'billing."Adults"', "url": "x"}}}
+    assert behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True) == "sparkeos-chaos-1a2b3c4d-people"
+    assert document["source"]["kafka.group.id"] == "sparkeos-chaos-1a2b3c4d-etl"
+    assert document["sink"]["options"]["dbtable"] == 'billing."sparkeos_chaos_1a2b3c4d_Adults"'
+    for path, renamed in [("/data/out/adults/", "/data/out/sparkeos-chaos-1a2b3c4d-adults"),
+                          ("s3a://bucket/out/adults", "s3a://bucket/out/sparkeos-chaos-1a2b3c4d-adults"),
+                          ("adults", "sparkeos-chaos-1a2b3c4d-adults")]:
+        document = {"source": {"subscribe": "people"}, "sink": {"format": "sparkeos.files", "path": path}}
+        behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True)
+        assert document["sink"]["path"] == renamed
+    document = {"source": {"subscribe": "people"}, "sink": {"format": "sparkeos.postgres",
+                                                            "options": {"dbtable": "adults"}}}
+    behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True)
+    assert document["sink"]["options"]["dbtable"] == "sparkeos_chaos_1a2b3c4d_adults"
+
+
 @pytest.mark.parametrize(("arguments", "message"), [
     (["--faults", "meteor-strike"], "unknown fault 'meteor-strike'"),
     (["--faults", "postgres-crash"], "fault postgres-crash does not apply to this run: it needs a sparkeos.postgres "
@@ -250,6 +316,12 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed
     (["--kafka-version", "latest"], "--kafka-version: Apache Kafka 3.x and 4.x only (got 'latest')"),
     (["--kafka-version", "4.4.0", "--bootstrap-server", "127.0.0.1:9"],
      "--kafka-version starts a Kafka of the run's own; --bootstrap-server names one: give one of them"),
+    (["--use-job-endpoints", "--bootstrap-server", "127.0.0.1:9"],
+     "--use-job-endpoints runs on the job's own Kafka; --bootstrap-server names another: give one of them"),
+    (["--use-job-endpoints", "--kafka-version", "4.4.0"],
+     "--use-job-endpoints runs on the job's own Kafka; --kafka-version starts another: give one of them"),
+    (["--use-job-endpoints", "--faults", "network-kafka"],
+     "fault network-kafka does not apply to this run: it needs a Kafka the run starts itself"),
     (["--duration", "0"], "--duration must be more than 0 seconds"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(runtime_python, arguments, message):

@@ -181,6 +181,12 @@ def _add_chaos_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--bootstrap-server", metavar="HOST:PORT[,...]",
                         help="run against this Kafka in place of the embedded broker: the run creates topics of its "
                              "own there (it kills no broker it did not start)")
+    parser.add_argument("--use-job-endpoints", action="store_true",
+                        help="run against the endpoints the job file names (its Kafka, schema registry, PostgreSQL "
+                             "server, output directory's place) in place of the sandbox's: a staging environment, or "
+                             "production when you mean it. The run uses names of its own there (topics, consumer "
+                             "group, transactional ids, table, directory behind a prefix of the run's) and faults "
+                             "only the processes and proxies it starts")
     parser.add_argument("--kafka-version", metavar="VERSION",
                         help="run against a node of Apache Kafka VERSION (3.x or 4.x) that the run starts, in place "
                              "of the embedded broker, and faults as its own; needs Java 17, and the jars in the cache "
@@ -227,6 +233,10 @@ def run_chaos(args: argparse.Namespace) -> int:
     try:
         if not args.duration > 0:
             raise FaultError(f"--duration must be more than 0 seconds (got {args.duration})")
+        if args.use_job_endpoints and (args.bootstrap_server or args.kafka_version):
+            other = ("--bootstrap-server names another" if args.bootstrap_server
+                     else "--kafka-version starts another")
+            raise FaultError(f"--use-job-endpoints runs on the job's own Kafka; {other}: give one of them")
         if args.kafka_version is not None:
             if args.bootstrap_server:
                 raise FaultError("--kafka-version starts a Kafka of the run's own; --bootstrap-server names one: "
@@ -234,7 +244,8 @@ def run_chaos(args: argparse.Namespace) -> int:
             if not re.fullmatch(r"[34]\.\d+\.\d+", args.kafka_version):
                 raise FaultError(f"--kafka-version: Apache Kafka 3.x and 4.x only (got {args.kafka_version!r})")
         spec = load_job(args.job)
-        faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server))
+        faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server),
+                              job_endpoints=args.use_job_endpoints)
         from .chaos.sandbox import check_runnable
 
         check_runnable(spec)
@@ -244,7 +255,8 @@ def run_chaos(args: argparse.Namespace) -> int:
     console = Console(stderr=args.json)
     settings = ChaosSettings(faults, args.seed, args.rate, args.duration, args.partitions, args.master,
                              args.timeout, args.workdir, bootstrap_server=args.bootstrap_server,
-                             sample_input=args.sample_input, kafka_version=args.kafka_version)
+                             sample_input=args.sample_input, kafka_version=args.kafka_version,
+                             job_endpoints=args.use_job_endpoints)
     if args.kafka_version is not None:
         from .apache_kafka import kafka_jars_cached
 

@@ -37,7 +37,8 @@ def run(job: str | Path | dict[str, Any], faults: str | dict[str, float] | None 
         rate: int = 100, duration_s: float = 120.0, partitions: int = 2, master: str = DEFAULT_MASTER,
         timeout_s: float = 900.0, workdir: str | Path | None = None, report_html: str | Path | None = None,
         env: dict[str, str] | None = None, bootstrap_server: str | None = None,
-        sample_input: int | None = None, kafka_version: str | None = None) -> ChaosReport:
+        sample_input: int | None = None, kafka_version: str | None = None,
+        use_job_endpoints: bool = False) -> ChaosReport:
     """Run `job` (a job file, or a job as a dict) under `faults` (`--faults`'s text, or {kind: mean seconds}; None
     for every kind that applies) and return the report; the other arguments are `sparkeos chaos`'s options."""
     with tempfile.TemporaryDirectory(prefix="sparkeos-chaos-api-") as scratch:
@@ -58,6 +59,8 @@ def run(job: str | Path | dict[str, Any], faults: str | dict[str, float] | None 
             command += ["--bootstrap-server", bootstrap_server]
         if kafka_version is not None:
             command += ["--kafka-version", kafka_version]
+        if use_job_endpoints:
+            command.append("--use-job-endpoints")
         if sample_input is not None:
             command += ["--sample-input", str(sample_input)]
         if report_html is not None:

@@ -88,6 +88,7 @@ class ChaosSettings:
     bootstrap_server: str | None = None  # a Kafka named on the command line, in place of the embedded broker
     sample_input: int | None = None  # feed this many records of the job's own input, over and over
     kafka_version: str | None = None  # an Apache Kafka node of this version, in place of the embedded broker
+    job_endpoints: bool = False  # the endpoints the job file names, in place of the sandbox's
 
 
 def input_may_end(now: float, faults_end: float, chosen: dict[str, float], injected: dict[str, int],
@@ -215,7 +216,8 @@ class ChaosRun:
             job = load_job(self.job_file)
             samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
             sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
-                                    self.settings.seed, self.settings.bootstrap_server, self.settings.kafka_version)
+                                    self.settings.seed, self.settings.bootstrap_server, self.settings.kafka_version,
+                                    self.settings.job_endpoints)
             self.report.sandbox = dict(sandbox.endpoints)
             self.report.job_name = sandbox.spec.name
             if cluster is not None:
@@ -252,7 +254,7 @@ class ChaosRun:
         """`job` as its file says (its own endpoints), `samples` the records read from its input, if any."""
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
-        registry = sandbox.endpoints.get("schema registry")
+        registry = sandbox.registry_url
         if samples is None:
             generator = InputGenerator(sandbox.spec, settings.seed, registry, sandbox.topics.input)
             self.report.sandbox["input"] = f"generated from the job's format, seed {settings.seed}"

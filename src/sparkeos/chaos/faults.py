@@ -27,7 +27,9 @@ class FaultKind:
 MAX_DOWNTIME_TIMEOUT_S = 300.0
 # What a kind may need: a part of the job, or a Spark whose processes the run starts itself.
 NEEDS = {"postgres": "a sparkeos.postgres sink",
-         "own-kafka": "a Kafka the run starts itself (not one named with --bootstrap-server)",
+         "own-postgres": "a PostgreSQL server the run starts itself (not the job's own, with --use-job-endpoints)",
+         "own-kafka": "a Kafka the run starts itself (not one named with --bootstrap-server, nor the job's own with "
+                      "--use-job-endpoints)",
          "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
                       "the run starts a standalone cluster of N workers)",
          "kafka-transactions": "a sparkeos.kafka sink with deliveryGuarantee exactly_once and a "
@@ -62,7 +64,7 @@ KINDS = {kind.name: kind for kind in (
               needs=("postgres",)),
     FaultKind("postgres-crash", "PostgreSQL stopped at once (pg_ctl stop -m immediate: prepared transactions "
                                 "survive in its WAL), restarted after a random outage of up to 5 s", 40.0,
-              needs=("postgres",)),
+              needs=("postgres", "own-postgres")),
 )}
 # Two cores, each task tried up to four times as Spark does on a cluster (spark.task.maxFailures): a local master
 # otherwise fails the query at the first failed task, which a network fault is.
@@ -78,15 +80,21 @@ class FaultError(ValueError):
     """`--faults` names something that cannot be done to this job."""
 
 
-def applicable(spec: JobSpec, master: str = DEFAULT_MASTER, kafka_named: bool = False) -> list[str]:
+def applicable(spec: JobSpec, master: str = DEFAULT_MASTER, kafka_named: bool = False,
+               job_endpoints: bool = False) -> list[str]:
     """The kinds that apply to the job run on `master` (against a Kafka named on the command line when
-    `kafka_named`): all but those needing what it does not have."""
-    return [name for name, kind in KINDS.items() if not _unmet(kind, spec, master, kafka_named)]
+    `kafka_named`, against the endpoints its file names when `job_endpoints`): all but those needing what it does not
+    have."""
+    return [name for name, kind in KINDS.items() if not _unmet(kind, spec, master, kafka_named, job_endpoints)]
 
 
-def _unmet(kind: FaultKind, spec: JobSpec, master: str, kafka_named: bool) -> list[str]:
-    have = {"postgres"} if spec.sink.format == POSTGRES_SINK else set()
-    if not kafka_named:
+def _unmet(kind: FaultKind, spec: JobSpec, master: str, kafka_named: bool, job_endpoints: bool) -> list[str]:
+    have = set()
+    if spec.sink.format == POSTGRES_SINK:
+        have.add("postgres")
+        if not job_endpoints:
+            have.add("own-postgres")
+    if not (kafka_named or job_endpoints):
         have.add("own-kafka")
     if is_local(master):
         have.add("own-spark")
@@ -123,11 +131,11 @@ def local_cores(master: str) -> int:
 NO_FAULTS = "none"
 
 
-def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER,
-                 kafka_named: bool = False) -> dict[str, float]:
+def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER, kafka_named: bool = False,
+                 job_endpoints: bool = False) -> dict[str, float]:
     """`--faults` as {kind: mean seconds between faults}; every kind that applies at its default when not given, and
     none for `none` (the job run and audited as it is)."""
-    kinds = applicable(spec, master, kafka_named)
+    kinds = applicable(spec, master, kafka_named, job_endpoints)
     if text is None:
         return {name: KINDS[name].mean_interval_s for name in kinds}
     items = [part.strip() for part in text.split(",")]
@@ -143,7 +151,7 @@ def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER,
                              f"KIND one of {', '.join(KINDS)}; or {NO_FAULTS}")
         name = match["kind"]
         if name not in kinds:
-            unmet = _unmet(KINDS[name], spec, master, kafka_named)
+            unmet = _unmet(KINDS[name], spec, master, kafka_named, job_endpoints)
             raise FaultError(f"fault {name} does not apply to this run: it needs {NEEDS[unmet[0]]}")
         if name in chosen:
             raise FaultError(f"fault {name} is given twice in --faults")

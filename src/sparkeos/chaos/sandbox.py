@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..apache_kafka import ApacheKafkaCluster
 from ..jobs.quiet import librdkafka_log_level
@@ -76,6 +77,7 @@ class Sandbox:
     postgres_proxy: TcpProxy | None = None  # between the job and PostgreSQL
     named_kafka: str | None = None  # the bootstrap servers of a Kafka named on the command line
     apache_kafka: ApacheKafkaCluster | None = None  # the Apache Kafka node the run started, if any
+    registry_url: str | None = None  # the schema registry the run registers the input's schemas with (Avro)
 
     @property
     def bootstrap(self) -> str:
@@ -120,14 +122,17 @@ def check_runnable(spec: JobSpec) -> str:
 
 
 def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[str, float] | None = None,
-                  seed: int = 0, named_kafka: str | None = None, kafka_version: str | None = None) -> Sandbox:
+                  seed: int = 0, named_kafka: str | None = None, kafka_version: str | None = None,
+                  job_endpoints: bool = False) -> Sandbox:
     """Start the sandbox's processes and write the job file pointed at them into `workdir`; the proxies the network
     faults among `faults` need go in front of the broker and PostgreSQL. `named_kafka`: the bootstrap servers of a
     Kafka to run against in place of the embedded broker; `kafka_version`: the Apache Kafka version of a node to
-    start in its place."""
+    start in its place; `job_endpoints`: the endpoints the job file names, in place of all of the sandbox's."""
     spec = load_job(job_file)
     input_topic = check_runnable(spec)
     document = yaml.safe_load(Path(job_file).read_text())
+    if job_endpoints:
+        named_kafka = _job_kafka(spec)
     workdir.mkdir(parents=True, exist_ok=True)
     faults = faults or {}
     kafka_proxy = TcpProxy(seed=seed).start() if "network-kafka" in faults and not named_kafka else None
@@ -149,7 +154,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
     try:
         if apache is not None:
             apache.start()
-        if not (named_kafka or apache) or avro:
+        if not (named_kafka or apache) or (avro and not job_endpoints):
             # Beside another Kafka, the embedded broker is there for its schema registry.
             stack = StackProcess(workdir / "broker", port=0 if apache else port, schema_registry=avro,
                                  extra_args=[] if apache else extra).start()
@@ -161,16 +166,20 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
                                   + (f": {broker})" if apache else ")"))
         elif apache is not None:
             endpoints["Kafka"] = f"{bootstrap} ({broker})"
+        prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-" if named_kafka else ""
         if named_kafka:
-            prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-"
-            input_topic = _behind_prefix(document, prefix)
-            endpoints["Kafka"] = (f"{named_kafka} (named on the command line; the run's topics and the job's "
-                                  f"consumer group and transactionalIdPrefix begin with {prefix})")
+            input_topic = behind_prefix(document, prefix, sink_names=job_endpoints)
+            whose = "the job's own, named in its file" if job_endpoints else "named on the command line"
+            endpoints["Kafka"] = (f"{named_kafka} ({whose}; the run's topics and the job's consumer group and "
+                                  f"transactionalIdPrefix begin with {prefix})")
         document["source"]["kafka.bootstrap.servers"] = bootstrap
-        if spec.format.type == "avro":
+        registry = spec.format.registry if job_endpoints else (stack.schema_registry_url if avro else None)
+        if avro:
             # Inline: a schema file named relative to the job file would not be found beside the copy.
-            document["format"].update(registry=stack.schema_registry_url, schema=spec.format.schema)
-            endpoints["schema registry"] = stack.schema_registry_url
+            document["format"].update(registry=registry, schema=spec.format.schema)
+            endpoints["schema registry"] = registry + (
+                f" (the job's own: the run registers its schemas under subjects of its topics, {prefix}*)"
+                if job_endpoints else "")
         sink = document["sink"]
         options = sink.setdefault("options", {}) or {}
         sink["options"] = options
@@ -178,17 +187,27 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
             if "kafka.bootstrap.servers" in options:
                 options["kafka.bootstrap.servers"] = bootstrap
         elif spec.sink.format == EXACT_FILE_SINK:
-            sink["path"] = str(workdir / "output")
-            endpoints["files"] = sink["path"]
+            if job_endpoints:
+                endpoints["files"] = f"{sink['path']} (the run's directory beside the job's own)"
+            else:
+                sink["path"] = str(workdir / "output")
+                endpoints["files"] = sink["path"]
         elif spec.sink.format == POSTGRES_SINK:
-            postgres = PostgresServer().start()
-            options["url"] = postgres.url()
-            endpoints["PostgreSQL"] = postgres.url()
+            if job_endpoints:
+                server = f"the job's own server on {spec.sink.options['url']}"
+                endpoints["PostgreSQL"] = f"{server}, the run's table {options['dbtable']}"
+            else:
+                postgres = PostgresServer().start()
+                options["url"] = server = postgres.url()
+                endpoints["PostgreSQL"] = server
             if "network-postgres" in faults:
-                postgres_proxy = TcpProxy(target_port=postgres.port, kafka_framing=False, seed=seed + 1).start()
-                options["url"] = f"postgresql://postgres@{postgres_proxy.address}/postgres"
-                endpoints["PostgreSQL"] = (f"{options['url']} (the run's proxy, in front of the server on "
-                                           f"127.0.0.1:{postgres.port})")
+                url = _libpq(options["url"])
+                host, database_port = _postgres_address(url)
+                postgres_proxy = TcpProxy(host, database_port, kafka_framing=False, seed=seed + 1).start()
+                options["url"] = make_conninfo(url, host=postgres_proxy.host, port=str(postgres_proxy.port))
+                endpoints["PostgreSQL"] = (f"{postgres_proxy.address} (the run's proxy, in front of "
+                                           f"{server if job_endpoints else f'the server on {host}:{database_port}'})"
+                                           + (f", the run's table {options['dbtable']}" if job_endpoints else ""))
         document["checkpoint"] = str(workdir / "checkpoint")
         job_path = workdir / "job.yaml"
         job_path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -197,17 +216,42 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
                         sandboxed.bad_records.topic if sandboxed.bad_records.policy == "dead-letter" else None)
         _create_topics(bootstrap, topics, partitions)
         return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy,
-                       named_kafka, apache)
+                       named_kafka, apache, registry)
     except BaseException:
         Sandbox(workdir, stack, postgres, job_file, spec, Topics(input_topic, None, None), {}, kafka_proxy,
                 postgres_proxy, apache_kafka=apache).stop()
         raise
 
 
-def _behind_prefix(document: dict, prefix: str) -> str:
+def _job_kafka(spec: JobSpec) -> str:
+    """The one Kafka of the job: its source's, which its sink writes to as well."""
+    source = spec.source.get("kafka.bootstrap.servers")
+    if not source:
+        raise SandboxError("--use-job-endpoints: the job's source names no kafka.bootstrap.servers")
+    sink = spec.sink.options.get("kafka.bootstrap.servers") if spec.sink.is_kafka else None
+    if sink and sink != source:
+        raise SandboxError(f"--use-job-endpoints: the job's sink writes to another Kafka ({sink}) than its source "
+                           f"reads ({source}); the run makes its topics on one")
+    return source
+
+
+def _libpq(url: str) -> str:
+    """The sink's url as libpq takes it: Spark's JDBC form without its `jdbc:`, as the sink reads it."""
+    return url[len("jdbc:"):] if url.startswith("jdbc:postgresql:") else url
+
+
+def _postgres_address(url: str) -> tuple[str, int]:
+    """The host and port a libpq connection string leads to (libpq's defaults where it names none)."""
+    parts = conninfo_to_dict(url)
+    return parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)
+
+
+def behind_prefix(document: dict, prefix: str, sink_names: bool = False) -> str:
     """Put the job's own names on a shared cluster behind `prefix`: its topics, its Kafka sink's commit marker topic,
     its consumer group, its transactionalIdPrefix (a producer of the job's own ids would be fenced by the run's;
-    without one, a stream's ids come from the run's own query id). The input topic's new name."""
+    without one, a stream's ids come from the run's own query id); with `sink_names`, its sink's table or directory
+    as well (a table's name behind the prefix with `_` for `-`, a directory beside the job's own). The input topic's
+    new name."""
     source = document["source"]
     source["subscribe"] = prefix + source["subscribe"]
     for key in [k for k in source if k.lower() == "kafka.group.id"]:
@@ -223,6 +267,14 @@ def _behind_prefix(document: dict, prefix: str) -> str:
         # The run's markers in a topic of its own, not beside those of the cluster's sparkeos jobs.
         options["commitMarkerTopic"] = prefix + DEFAULT_MARKER_TOPIC.lstrip("_")
         sink["options"] = options
+    if sink_names and sink.get("format") == POSTGRES_SINK and options.get("dbtable"):
+        schema, dot, table = str(options["dbtable"]).rpartition(".")
+        table_prefix = prefix.replace("-", "_")
+        table = f'"{table_prefix}{table[1:]}' if table.startswith('"') else table_prefix + table
+        options["dbtable"] = schema + dot + table
+    if sink_names and sink.get("format") == EXACT_FILE_SINK and sink.get("path"):
+        parent, slash, name = str(sink["path"]).rstrip("/").rpartition("/")
+        sink["path"] = parent + slash + prefix + name
     bad = document.get("bad_records") or {}
     if bad.get("topic"):
         bad["topic"] = prefix + bad["topic"]
