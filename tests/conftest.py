@@ -41,6 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
 LONG_TEST_TIMEOUT_S = 400
 
 
+@pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have chosen the tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests first, shared out among the test processes: pytest-xdist's worksteal hands each process an even,
     contiguous share of the tests, and one that runs out takes short ones from the end of another's. Each share thus

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
+from sparkeos.broker import EmbeddedBroker
 from sparkeos.chaos import KINDS, ChaosRunFailed, FaultError, parse_faults, run
 from sparkeos.chaos.engine import (
     FEED_CHUNKS_PER_S,
@@ -30,9 +31,9 @@ from sparkeos.chaos.engine import (
 from sparkeos.chaos.faults import HELD_TASK_FAULTS, Schedule, applicable
 from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
-from sparkeos.chaos.sandbox import behind_prefix
 from sparkeos.jobs.spec import load_job, parse_job
 from sparkeos.spark import sink_data_source
+from sparkeos.spark.postgres.sink import describe_url
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
 from support.apache_kafka import VERSIONS
 from support.browser import rendered_dom
@@ -84,6 +85,13 @@ def check_html_report(page: Path, report: dict) -> None:
 # The example run on Apache Kafka (a node the run starts, --kafka-version) rather than on the embedded broker: the
 # broker's faults and a downtime past the transaction timeout, on Kafka's own transaction coordinator.
 ON_APACHE_KAFKA = {"people-json.yaml": VERSIONS[0]}
+
+
+@pytest.fixture
+def production(tmp_path):
+    """A broker standing for the cluster a job file names."""
+    with EmbeddedBroker(tmp_path / "production") as running:
+        yield running
 
 
 def faults_argument(job: Path) -> str:
@@ -191,24 +199,25 @@ def test_a_sink_whose_readers_see_uncommitted_rows_is_reported_inexact_though_it
 @pytest.mark.apache_kafka(newest_only=True, embedded=False)
 @pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
 def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed_its_own_sampled_records(
-        broker, tmp_path):
+        broker, production, tmp_path):
     """A test of the user's own pipeline: the job as a dict, its transformation a function of theirs
     (support/chaos_pipeline.py, found through this process's sys.path), run on Apache Kafka that the caller names in
     place of the embedded broker; the report comes back as an object. On that shared cluster the run makes topics of
     its own and keeps off the job's own names: its topics, its consumer group. `sample_input`: about the last N
-    records of the job's own input topic (here on the same cluster, standing for production) are read once and fed
-    again and again; nothing is written where they came from."""
+    records of the job's own input topic, on the cluster its file names (an embedded broker standing for
+    production), are read once and fed again and again; nothing is written where they came from."""
     bootstrap = broker.bootstrap_servers
     own = {"input": unique("job-input"), "output": unique("job-output"), "group": unique("job-group")}
-    create_topic(bootstrap, own["input"], partitions=2)
+    for cluster in (bootstrap, production.bootstrap_servers):
+        create_topic(cluster, own["input"], partitions=2)  # on the named cluster too: the run must not use it
     rows = [{"id": 1000 + n, "name": f"n{n}", "age": 20 + n % 50, "country": "UK"} for n in range(400)]
-    produce(bootstrap, own["input"], [json.dumps(row) for row in rows], spread_over=2)
+    produce(production.bootstrap_servers, own["input"], [json.dumps(row) for row in rows], spread_over=2)
     document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
     document["transforms"] = [{"python": "support.chaos_pipeline:adults_in_capitals"}]
-    document["source"].update({"kafka.bootstrap.servers": bootstrap, "subscribe": own["input"],
+    document["source"].update({"kafka.bootstrap.servers": production.bootstrap_servers, "subscribe": own["input"],
                                "kafka.group.id": own["group"]})
     document["sink"]["topic"] = own["output"]
-    before = end_offsets(bootstrap, own["input"], isolation_level=READ_UNCOMMITTED)
+    before = end_offsets(production.bootstrap_servers, own["input"], isolation_level=READ_UNCOMMITTED)
     # One kind that needs no driver restart keeps the run short: what the engine does under each kind is the
     # examples' test above; this one is about the API, a named cluster and sampled input.
     report = run(document, faults={"python-worker-kill": 5}, duration_s=1, rate=60, seed=3, sample_input=100,
@@ -217,14 +226,15 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed
     assert report.audit.output.delivered == report.audit.output.expected > 0
     assert set(report.injected) == {"python-worker-kill"}
     assert report.sandbox["Kafka"].startswith(f"{bootstrap} (named on the command line")
-    assert report.sandbox["input"] == (f"100 records sampled from {own['input']} on {bootstrap} (read only), "
-                                       "fed over and over")
+    assert report.sandbox["input"] == (f"100 records sampled from {own['input']} on {production.bootstrap_servers} "
+                                       "(read only), fed over and over")
     assert report_from_json(report.to_json()).to_json() == report.to_json()
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = set(admin.list_topics(timeout=30).topics)
     groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
     assert own["output"] not in topics and own["group"] not in groups
-    assert end_offsets(bootstrap, own["input"], isolation_level=READ_UNCOMMITTED) == before
+    assert end_offsets(production.bootstrap_servers, own["input"], isolation_level=READ_UNCOMMITTED) == before
+    assert end_offsets(bootstrap, own["input"]) == {0: 0, 1: 0}
     prefix = report.sandbox["Kafka"].split("begin with ")[1].rstrip(")")
     assert {prefix + own["input"], prefix + own["output"]} <= topics and prefix + own["group"] in groups
     # The output: the last 100 people, each fed more than once.
@@ -234,7 +244,7 @@ def test_the_python_api_runs_a_job_built_in_code_on_a_kafka_the_caller_names_fed
     with pytest.raises(ChaosRunFailed, match="unknown fault 'meteor-strike'"):
         run(document, faults="meteor-strike")
     # A topic with nothing to sample is refused before anything starts.
-    document["source"]["subscribe"] = create_topic(bootstrap, unique("empty"), partitions=1)
+    document["source"]["subscribe"] = create_topic(production.bootstrap_servers, unique("empty"), partitions=1)
     with pytest.raises(ChaosRunFailed, match="has no records to sample"):
         run(document, faults="none", sample_input=100, bootstrap_server=bootstrap)
 
@@ -273,8 +283,8 @@ def test_told_to_use_the_jobs_own_endpoints_the_run_uses_names_of_its_own_there(
     assert kafka.startswith(f"{bootstrap} (the job's own, named in its file; ") and "begin with " in kafka, kafka
     prefix = kafka.split("begin with ")[1].rstrip(")")
     run_table = prefix.replace("-", "_") + table
-    assert f"the run's proxy, in front of the job's own server on {postgres.url()}" in database, database
-    assert f"the run's table public.{run_table}" in database, database
+    assert f"the run's proxy, in front of the job's own server {describe_url(postgres.url())}" in database, database
+    assert f'the run\'s table "public"."{run_table}"' in database, database
     # Nothing of the job's own was touched; what the run wrote is under its own names.
     assert end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED) == before
     with psycopg.connect(postgres.url()) as connection:
@@ -283,23 +293,27 @@ def test_told_to_use_the_jobs_own_endpoints_the_run_uses_names_of_its_own_there(
     assert prefix + topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
 
 
-def test_the_names_a_run_on_the_jobs_own_endpoints_uses_are_its_own():
-    """Its table beside the job's (a quoted name stays quoted), its directory beside the job's."""
-    document = {"source": {"subscribe": "people", "kafka.group.id": "etl"},
-                "sink": {"format": "sparkeos.postgres", "options": {"dbtable": 'billing."Adults"', "url": "x"}}}
-    assert behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True) == "sparkeos-chaos-1a2b3c4d-people"
-    assert document["source"]["kafka.group.id"] == "sparkeos-chaos-1a2b3c4d-etl"
-    assert document["sink"]["options"]["dbtable"] == 'billing."sparkeos_chaos_1a2b3c4d_Adults"'
-    for path, renamed in [("/data/out/adults/", "/data/out/sparkeos-chaos-1a2b3c4d-adults"),
-                          ("s3a://bucket/out/adults", "s3a://bucket/out/sparkeos-chaos-1a2b3c4d-adults"),
-                          ("adults", "sparkeos-chaos-1a2b3c4d-adults")]:
-        document = {"source": {"subscribe": "people"}, "sink": {"format": "sparkeos.files", "path": path}}
-        behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True)
-        assert document["sink"]["path"] == renamed
-    document = {"source": {"subscribe": "people"}, "sink": {"format": "sparkeos.postgres",
-                                                            "options": {"dbtable": "adults"}}}
-    behind_prefix(document, "sparkeos-chaos-1a2b3c4d-", sink_names=True)
-    assert document["sink"]["options"]["dbtable"] == "sparkeos_chaos_1a2b3c4d_adults"
+def test_a_target_of_the_runs_own_is_beside_the_jobs():
+    """Each sink's data source says where: a table in the same schema (quoted, the job's case kept), a directory in
+    the same parent, bucket or file system; nowhere when the job's names no place."""
+    prefix = "sparkeos-chaos-1a2b3c4d-"
+    postgres, files = sink_data_source("sparkeos.postgres"), sink_data_source("sparkeos.files")
+    for table, beside in [('billing."Adults"', '"billing"."sparkeos_chaos_1a2b3c4d_Adults"'),
+                          ("Adults", '"sparkeos_chaos_1a2b3c4d_adults"'),
+                          ('public."My.Table"', '"public"."sparkeos_chaos_1a2b3c4d_My.Table"')]:
+        changed, words = postgres.target_beside({"URL": "postgresql://u:secret@db:5432/x", "DBTable": table}, prefix)
+        assert changed == {"dbtable": beside}
+        assert words == f"the job's own server u@db:5432/x, the run's table {beside}" and "secret" not in words
+    with pytest.raises(ValueError, match="longer than PostgreSQL's 63 bytes"):
+        postgres.target_beside({"url": "postgresql://db/x", "dbtable": "a" * 40}, prefix)
+    for path, beside in [("/data/out/adults/", "/data/out/sparkeos-chaos-1a2b3c4d-adults"),
+                         ("s3a://bucket/out/adults", "s3a://bucket/out/sparkeos-chaos-1a2b3c4d-adults"),
+                         ("file:///data/adults", "file:///data/sparkeos-chaos-1a2b3c4d-adults"),
+                         ("adults", "sparkeos-chaos-1a2b3c4d-adults")]:
+        assert files.target_beside({"path": path}, prefix)[0] == {"path": beside}
+    for path in ("/", "s3a://bucket/", "hdfs://namenode:8020"):
+        with pytest.raises(ValueError, match="names no directory to put one beside"):
+            files.target_beside({"path": path}, prefix)
 
 
 @pytest.mark.parametrize(("arguments", "message"), [

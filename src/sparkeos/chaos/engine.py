@@ -385,7 +385,13 @@ class ChaosRun:
                         recovering.append((self.fault(due, f"down {outage:.1f} s"), committed))
                         server.crash()
                         time.sleep(outage)
-                        server.start()
+                        try:
+                            server.start()
+                        except Exception as error:  # noqa: BLE001 - the run ends, with its report saying why
+                            what = "the Kafka broker" if due == "broker-kill" else "PostgreSQL"
+                            self.report.gave_up = f"{what} did not start again after a {due}: {error}"
+                            self.event("gave-up", self.report.gave_up)
+                            break
                         schedule.done(due, time.monotonic())
                     else:
                         continue

@@ -2,13 +2,15 @@
 its own. The embedded broker with its schema registry, a PostgreSQL server when the job writes to one, and a work
 directory for the checkpoint and a file sink's output. The job file is copied with its endpoints pointed there,
 nothing else changed; the production endpoints it names are never contacted, unless `--sample-input` is given (then
-its input topic and schema registry are read, never written).
+its input topic and schema registry are read, never written) or `--use-job-endpoints` (below).
 
 With `--kafka-version`, a node of Apache Kafka that the run starts (jars from the cache of sparkeos.apache_kafka) takes
 the embedded broker's place, and is faulted as it would be. A Kafka named on the command line (`--bootstrap-server`)
-takes it too: the run then creates
-topics of its own there (the job's names behind a prefix of the run's), and gives the job's consumer group and
-transactionalIdPrefix the same prefix, so that nothing of the job's own on that cluster is read, written or fenced.
+takes it too: the run then creates topics of its own there (the job's names behind a prefix of the run's), and gives
+the job's consumer group and transactionalIdPrefix the same prefix, so that nothing of the job's own on that cluster
+is read, written or fenced. With `--use-job-endpoints` every endpoint the job file names takes the sandbox's place,
+the same way: the Kafka, the schema registry, and the sink's store, where the run writes to a target of its own beside
+the job's (each sink's data source says where: `target_beside`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -25,12 +29,16 @@ from ..apache_kafka import ApacheKafkaCluster
 from ..jobs.quiet import librdkafka_log_level
 from ..jobs.spec import EXACT_FILE_SINK, FILE_SINKS, POSTGRES_SINK, JobSpec, load_job
 from ..ports import free_port
+from ..spark import sink_data_source
 from ..spark.kafka.options import DEFAULT_MARKER_TOPIC
+from ..spark.postgres.options import parse_postgres_sink_options
+from ..spark.postgres.sink import describe_url
 from ..stack import StackProcess
 from .postgres import PostgresServer
 from .proxy import TcpProxy
 
 QUIET_CLIENT = {"log_level": librdkafka_log_level("WARNING")}
+STORES = {EXACT_FILE_SINK: "files", POSTGRES_SINK: "PostgreSQL"}  # a sink's store as the report names it
 OUTPUT_PARTITIONS = 2
 
 
@@ -144,15 +152,14 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         extra = ["--advertised-listener", kafka_proxy.address]
     avro = spec.format.type == "avro"
     stack = apache = None
-    if kafka_version:
-        apache = ApacheKafkaCluster(workdir / "kafka", kafka_version,
-                                    advertised_port=kafka_proxy.port if kafka_proxy is not None else None)
-        port = apache.nodes[1].port
-        if kafka_proxy is not None:
-            kafka_proxy.target = ("127.0.0.1", port)
     postgres = postgres_proxy = None
     try:
-        if apache is not None:
+        if kafka_version:
+            apache = ApacheKafkaCluster(workdir / "kafka", kafka_version,
+                                        advertised_port=kafka_proxy.port if kafka_proxy is not None else None)
+            port = apache.nodes[1].port
+            if kafka_proxy is not None:
+                kafka_proxy.target = ("127.0.0.1", port)
             apache.start()
         if not (named_kafka or apache) or (avro and not job_endpoints):
             # Beside another Kafka, the embedded broker is there for its schema registry.
@@ -168,7 +175,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
             endpoints["Kafka"] = f"{bootstrap} ({broker})"
         prefix = f"sparkeos-chaos-{uuid.uuid4().hex[:8]}-" if named_kafka else ""
         if named_kafka:
-            input_topic = behind_prefix(document, prefix, sink_names=job_endpoints)
+            input_topic = behind_prefix(document, prefix)
             whose = "the job's own, named in its file" if job_endpoints else "named on the command line"
             endpoints["Kafka"] = (f"{named_kafka} ({whose}; the run's topics and the job's consumer group and "
                                   f"transactionalIdPrefix begin with {prefix})")
@@ -177,7 +184,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         if avro:
             # Inline: a schema file named relative to the job file would not be found beside the copy.
             document["format"].update(registry=registry, schema=spec.format.schema)
-            endpoints["schema registry"] = registry + (
+            endpoints["schema registry"] = _without_password(registry) + (
                 f" (the job's own: the run registers its schemas under subjects of its topics, {prefix}*)"
                 if job_endpoints else "")
         sink = document["sink"]
@@ -186,28 +193,31 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         if spec.sink.is_kafka:
             if "kafka.bootstrap.servers" in options:
                 options["kafka.bootstrap.servers"] = bootstrap
+        elif job_endpoints:
+            try:
+                changed, words = sink_data_source(spec.sink.format).target_beside(spec.sink.options, prefix)
+            except ValueError as error:
+                raise SandboxError(f"--use-job-endpoints: {error}") from error
+            for key, value in changed.items():
+                if key == "path":
+                    sink["path"] = value
+                    continue
+                for same in [k for k in options if k.lower() == key.lower()]:
+                    del options[same]
+                options[key] = value
+            endpoints[STORES.get(spec.sink.format, spec.sink.format)] = words
         elif spec.sink.format == EXACT_FILE_SINK:
-            if job_endpoints:
-                endpoints["files"] = f"{sink['path']} (the run's directory beside the job's own)"
-            else:
-                sink["path"] = str(workdir / "output")
-                endpoints["files"] = sink["path"]
+            sink["path"] = str(workdir / "output")
+            endpoints["files"] = sink["path"]
         elif spec.sink.format == POSTGRES_SINK:
-            if job_endpoints:
-                server = f"the job's own server on {spec.sink.options['url']}"
-                endpoints["PostgreSQL"] = f"{server}, the run's table {options['dbtable']}"
-            else:
-                postgres = PostgresServer().start()
-                options["url"] = server = postgres.url()
-                endpoints["PostgreSQL"] = server
-            if "network-postgres" in faults:
-                url = _libpq(options["url"])
-                host, database_port = _postgres_address(url)
-                postgres_proxy = TcpProxy(host, database_port, kafka_framing=False, seed=seed + 1).start()
-                options["url"] = make_conninfo(url, host=postgres_proxy.host, port=str(postgres_proxy.port))
-                endpoints["PostgreSQL"] = (f"{postgres_proxy.address} (the run's proxy, in front of "
-                                           f"{server if job_endpoints else f'the server on {host}:{database_port}'})"
-                                           + (f", the run's table {options['dbtable']}" if job_endpoints else ""))
+            postgres = PostgresServer().start()
+            options["url"] = postgres.url()
+            endpoints["PostgreSQL"] = postgres.url()
+        if spec.sink.format == POSTGRES_SINK and "network-postgres" in faults:
+            postgres_proxy, url = _postgres_proxy(options, seed + 1)
+            options.update({k: url for k in options if k.lower() == "url"})
+            endpoints["PostgreSQL"] = (f"{postgres_proxy.address} (the run's proxy, in front of "
+                                       f"{endpoints['PostgreSQL']})")
         document["checkpoint"] = str(workdir / "checkpoint")
         job_path = workdir / "job.yaml"
         job_path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -235,23 +245,36 @@ def _job_kafka(spec: JobSpec) -> str:
     return source
 
 
-def _libpq(url: str) -> str:
-    """The sink's url as libpq takes it: Spark's JDBC form without its `jdbc:`, as the sink reads it."""
-    return url[len("jdbc:"):] if url.startswith("jdbc:postgresql:") else url
+def _postgres_proxy(options: dict, seed: int) -> tuple[TcpProxy, str]:
+    """The run's proxy in front of the PostgreSQL server a sink's options name, and the url that leads through it."""
+    parsed = parse_postgres_sink_options(options)
+    try:
+        parts = conninfo_to_dict(parsed.url)
+    except psycopg.Error as error:
+        raise SandboxError(f"network-postgres: cannot read the sink's url: {error}") from error
+    host, port = str(parts.get("host") or ""), str(parts.get("port") or "5432")
+    if not host or host.startswith("/") or "," in host + port:
+        raise SandboxError(f"network-postgres puts the run's proxy in front of the job's PostgreSQL server: the "
+                           f"sink's url must name one host over TCP (it names {describe_url(parsed.url)})")
+    # hostaddr would take libpq past the proxy.
+    parts.pop("hostaddr", None)
+    proxy = TcpProxy(host, int(port), kafka_framing=False, seed=seed).start()
+    return proxy, make_conninfo("", **{**parts, "host": proxy.host, "port": str(proxy.port)})
 
 
-def _postgres_address(url: str) -> tuple[str, int]:
-    """The host and port a libpq connection string leads to (libpq's defaults where it names none)."""
-    parts = conninfo_to_dict(url)
-    return parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)
+def _without_password(url: str) -> str:
+    """A URL as a report may show it: without the password of its user part."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{parts.username}@{parts.hostname}"
+                                     + (f":{parts.port}" if parts.port else "")))
 
 
-def behind_prefix(document: dict, prefix: str, sink_names: bool = False) -> str:
+def behind_prefix(document: dict, prefix: str) -> str:
     """Put the job's own names on a shared cluster behind `prefix`: its topics, its Kafka sink's commit marker topic,
     its consumer group, its transactionalIdPrefix (a producer of the job's own ids would be fenced by the run's;
-    without one, a stream's ids come from the run's own query id); with `sink_names`, its sink's table or directory
-    as well (a table's name behind the prefix with `_` for `-`, a directory beside the job's own). The input topic's
-    new name."""
+    without one, a stream's ids come from the run's own query id). The input topic's new name."""
     source = document["source"]
     source["subscribe"] = prefix + source["subscribe"]
     for key in [k for k in source if k.lower() == "kafka.group.id"]:
@@ -267,14 +290,6 @@ def behind_prefix(document: dict, prefix: str, sink_names: bool = False) -> str:
         # The run's markers in a topic of its own, not beside those of the cluster's sparkeos jobs.
         options["commitMarkerTopic"] = prefix + DEFAULT_MARKER_TOPIC.lstrip("_")
         sink["options"] = options
-    if sink_names and sink.get("format") == POSTGRES_SINK and options.get("dbtable"):
-        schema, dot, table = str(options["dbtable"]).rpartition(".")
-        table_prefix = prefix.replace("-", "_")
-        table = f'"{table_prefix}{table[1:]}' if table.startswith('"') else table_prefix + table
-        options["dbtable"] = schema + dot + table
-    if sink_names and sink.get("format") == EXACT_FILE_SINK and sink.get("path"):
-        parent, slash, name = str(sink["path"]).rstrip("/").rpartition("/")
-        sink["path"] = parent + slash + prefix + name
     bad = document.get("bad_records") or {}
     if bad.get("topic"):
         bad["topic"] = prefix + bad["topic"]

@@ -22,6 +22,21 @@ class FilesDataSource(TwoPhaseCommitDataSource):
     visible_output_unit = "files"
 
     @classmethod
+    def target_beside(cls, options: dict[str, str], prefix: str) -> tuple[dict[str, str], str]:
+        """A directory of the run's own beside the job's, in the same parent (bucket, file system): its last name
+        behind ``prefix``."""
+        path = parse_file_sink_options(options).path
+        scheme, found, rest = path.partition("://")
+        if not found:
+            scheme, rest = "", path
+        authority, slash, tail = rest.partition("/") if found else ("", "", rest)
+        parent, separator, name = tail.rstrip("/").rpartition("/")
+        if not name:
+            raise ValueError(f"the output path {path!r} names no directory to put one beside")
+        beside = (f"{scheme}://{authority}{slash}" if found else "") + parent + separator + prefix + name
+        return {"path": beside}, f"{beside} (the run's directory beside the job's own)"
+
+    @classmethod
     def visible_output(cls, options: dict[str, str]) -> int:
         """The data files a reader of the directory ``options`` name lists (none under a ``_`` or ``.`` name)."""
         from pyarrow import fs as pafs

@@ -9,7 +9,13 @@ from pyspark.sql.types import StructType
 from ..reader_view import OutputUnavailable, record_texts
 from ..two_phase_commit import TwoPhaseCommitBatchWriter, TwoPhaseCommitDataSource
 from .options import parse_postgres_sink_options
-from .sink import PostgresSink
+from .sink import PostgresSink, describe_url
+
+MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: it cuts longer names short
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
 
 
 class PostgresBatchWriter(TwoPhaseCommitBatchWriter):
@@ -44,6 +50,18 @@ class PostgresDataSource(TwoPhaseCommitDataSource):
         table = sql.Identifier(*([parsed.table.schema] if parsed.table.schema else []), parsed.table.name)
         with psycopg.connect(parsed.url, connect_timeout=5) as connection:
             return connection.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
+
+    @classmethod
+    def target_beside(cls, options: dict[str, str], prefix: str) -> tuple[dict[str, str], str]:
+        """A table of the run's own in the same schema and database: the table's name behind ``prefix``, ``_`` for
+        ``-``, always quoted (the job's case kept)."""
+        parsed = parse_postgres_sink_options(options)
+        name = prefix.replace("-", "_") + parsed.table.name
+        if len(name.encode()) > MAX_IDENTIFIER_BYTES:
+            raise ValueError(f"a table named {name!r} beside {parsed.table} would be longer than PostgreSQL's "
+                             f"{MAX_IDENTIFIER_BYTES} bytes")
+        table = ".".join(_quoted(part) for part in (parsed.table.schema, name) if part)
+        return {"dbtable": table}, f"the job's own server {describe_url(parsed.url)}, the run's table {table}"
 
     @classmethod
     def visible_records(cls, options: dict[str, str]) -> Counter[str] | None:

@@ -54,6 +54,13 @@ class TwoPhaseCommitDataSource(DataSource):
                 + (" (decided)" if work.decided else "") for work in cls.operator(options).list_pending()]
 
     @classmethod
+    def target_beside(cls, options: dict[str, str], prefix: str) -> tuple[dict[str, str], str]:
+        """A target of a run's own beside the one ``options`` name, its name behind ``prefix`` (``sparkeos chaos
+        --use-job-endpoints``): the options that change, and the target in words; ValueError when there is no such
+        place."""
+        raise ValueError(f"{cls.name()} does not say where a target beside its own would be")
+
+    @classmethod
     def visible_records(cls, options: dict[str, str]) -> Counter[str] | None:
         """What a reader of the target ``options`` name sees now (``sparkeos.spark.reader_view``); none when the
         sink does not say how its store is read."""
