@@ -28,7 +28,7 @@ from sparkeos.chaos.engine import (
     input_may_end,
     left_pending,
 )
-from sparkeos.chaos.faults import HELD_TASK_FAULTS, Schedule, applicable
+from sparkeos.chaos.faults import HELD_TASK_FAULTS, NETWORK_FAULTS, Schedule, applicable
 from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.jobs.spec import load_job, parse_job
@@ -48,8 +48,9 @@ CHAOS_TIMEOUT_S = 600
 # Short intervals, so that each kind strikes within the short fault period of a test.
 # A PostgreSQL crash fails the query's batch, and so the driver: each one counts against the job's restart strategy
 # as a kill does.
+# relayout is due at once, so that it changes the layout at the first restart, and back at the next.
 TEST_INTERVALS = {"driver-kill": 15, "driver-kill-mid-commit": 8, "python-worker-kill": 6, "executor-kill": 10,
-                  "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4,
+                  "relayout": 1, "broker-kill": 10, "postgres-crash": 20, "network-kafka": 4, "network-postgres": 4,
                   "long-downtime": 15}
 
 
@@ -138,6 +139,14 @@ def test_each_example_job_is_exact_under_every_fault_that_applies(runtime_python
         over = [e for e in report["events"] if e["kind"] == "downtime-over"]
         assert len(over) == report["injected"]["long-downtime"], report["events"]
         assert all(float(e["detail"].split()[1]) >= 60 for e in over), over
+    # The first relayout doubled the source's partitions at a restart; the next put the job's own layout back.
+    relayouts = [(n, e) for n, e in enumerate(report["events"]) if e["kind"] == "relayout"]
+    assert relayouts[0][1]["detail"] == "minPartitions 4 (was unset)", relayouts
+    # (The network faults' own threads may log one in between.)
+    assert all(next(e["kind"] for e in report["events"][n + 1:] if e["kind"] not in NETWORK_FAULTS) == "restart"
+               for n, _ in relayouts), report["events"]
+    if len(relayouts) > 1:
+        assert relayouts[1][1]["detail"] == "minPartitions unset (was 4)", relayouts
     if load_job(job).bad_records.policy == "dead-letter":
         assert report["dead_lettered"] == report["corrupt_records"] > 0
     # A reader read the output all along (a Kafka topic's read_committed view only grows: the audit sees it all).
@@ -323,6 +332,8 @@ def test_a_target_of_the_runs_own_is_beside_the_jobs():
     (["--faults", "executor-kill", "--master", "spark://127.0.0.1:7077"],
      "fault executor-kill does not apply to this run: it needs Spark processes the run starts itself: a local master"),
     (["--faults", "broker-kill,broker-kill=3"], "fault broker-kill is given twice"),
+    (["--faults", "broker-kill,relayout"], "fault relayout does not apply to this run: it needs a fault that restarts "
+                                           "the driver"),
     (["--faults", "broker-kill", "--bootstrap-server", "127.0.0.1:9"],
      "fault broker-kill does not apply to this run: it needs a Kafka the run starts itself"),
     (["--faults", "driver-kill=0"], "must be more than 0 s"),

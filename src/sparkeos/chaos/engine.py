@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from confluent_kafka import KafkaException, Producer
 
 from ..jobs.audit import AuditReport, audit_in_this_process
@@ -71,6 +72,11 @@ FEED_CHUNKS_PER_S = 2
 ABORT_ONE_IN = 5  # about one chunk of input in this many is fed in a transaction that is then aborted
 FEED_CALL_TIMEOUT_S = 30
 FEED_OUTAGE_S = 120  # how long the feeder calls the broker again while it is away
+# The source layouts relayout takes in turn: minPartitions that many times the input topic's partitions, 0 for the
+# job's own setting. Back to the job's own at the next restart, so that a run spends little of its time on twice the
+# tasks.
+RELAYOUT_FACTORS = (2, 0)
+_UNREAD = object()
 UNTIL_EACH_KIND_S = 600  # how much longer than the fault period a run waits for a kind that has not struck yet
 
 
@@ -188,6 +194,8 @@ class ChaosRun:
         self.started = time.monotonic()
         self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
         self._next_open_check = 0.0  # when a long downtime next asks the broker for open transactions
+        self.layouts = 0  # relayouts so far
+        self.own_min_partitions: object = _UNREAD  # the job's own minPartitions, read at the first relayout
         self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
                                   workdir=str(self.workdir))
 
@@ -299,7 +307,7 @@ class ChaosRun:
             code = supervisor.driver.poll() if supervisor.driver and down is None else None
             if down is not None and self._downtime_over(down, timeout_s, sink, sandbox.spec.sink.options, now):
                 down = None
-                if not self._restart(supervisor):
+                if not self._restart(supervisor, schedule, committed):
                     break
                 # Its recovery counts from the restart: the downtime itself was the run's doing.
                 recovering.append((Event(self.elapsed(), "long-downtime"), committed))
@@ -312,7 +320,7 @@ class ChaosRun:
                 if aimed is not None:
                     self._give_up_hold(schedule, aimed[0], task_step, now, "the driver exited")
                     aimed = None
-                if not self._restart(supervisor):
+                if not self._restart(supervisor, schedule, committed):
                     break
                 batches_at_start = committed_batch(checkpoint)
             if not feeder.is_alive() and not feeder.stopping.is_set():
@@ -449,7 +457,7 @@ class ChaosRun:
         for hold in release:
             hold.unlink(missing_ok=True)
         schedule.done(kind, now)
-        return self._restart(supervisor)
+        return self._restart(supervisor, schedule, committed)
 
     def _kill_task(self, kind: str, held: set[Path], task_step: str, schedule: Schedule, committed: int | None,
                    now: float, cluster: StandaloneCluster | None) -> None:
@@ -551,17 +559,41 @@ class ChaosRun:
         self.report.injected[kind] = self.report.injected.get(kind, 0) + 1
         return self.event(kind, detail)
 
-    def _restart(self, supervisor: Supervisor) -> bool:
-        """Restart the driver as its restart strategy says; False when the strategy gives up."""
+    def _restart(self, supervisor: Supervisor, schedule: Schedule, committed: int | None) -> bool:
+        """Restart the driver as its restart strategy says, with another layout when one is due; False when the
+        strategy gives up."""
         delay = supervisor.next_delay()
         if delay is None:
             self.report.gave_up = f"the job's restart strategy ({supervisor.strategy.describe()}) allowed no more " \
                                   f"restarts after {supervisor.restarts}"
             self.event("gave-up", self.report.gave_up)
             return False
+        if "relayout" in schedule.due_now(time.monotonic()):
+            self._relayout(Path(supervisor.job_path), committed)
+            schedule.done("relayout", time.monotonic())
         supervisor.restart(delay)
         self.event("restart", f"after {delay:.1f} s")
         return True
+
+    def _relayout(self, job_path: Path, committed: int | None) -> None:
+        """The fault relayout: the job file the next driver reads gets the next source layout of RELAYOUT_FACTORS.
+        The batch the last driver left in flight is replayed as planned (the source keeps its plan in the offset
+        log); the batches after it are split the new way."""
+        document = yaml.safe_load(job_path.read_text())
+        source = document["source"]
+        if self.own_min_partitions is _UNREAD:
+            self.own_min_partitions = source.get("minPartitions")
+        before = source.get("minPartitions")
+        factor = RELAYOUT_FACTORS[self.layouts % len(RELAYOUT_FACTORS)]
+        self.layouts += 1
+        after = self.settings.partitions * factor if factor else self.own_min_partitions
+        if after is None:
+            source.pop("minPartitions", None)
+        else:
+            source["minPartitions"] = after
+        job_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        self.recovering.append((self.fault("relayout", f"minPartitions {after or 'unset'} (was {before or 'unset'})"),
+                                committed))
 
     def _sample(self, lag: LagCluster, checkpoint: Path, feeder: Feeder, supervisor: Supervisor,
                 committed: int | None, output: int | None) -> bool:

@@ -32,6 +32,8 @@ NEEDS = {"postgres": "a sparkeos.postgres sink",
                       "--use-job-endpoints)",
          "own-spark": "Spark processes the run starts itself: a local master (--master local[N]; for executor kills "
                       "the run starts a standalone cluster of N workers)",
+         "restarts": "a fault that restarts the driver in --faults: driver-kill, driver-kill-mid-commit, "
+                     "long-downtime or postgres-crash",
          "kafka-transactions": "a sparkeos.kafka sink with deliveryGuarantee exactly_once and a "
                                f"kafka.transaction.timeout.ms of at most {MAX_DOWNTIME_TIMEOUT_S * 1000:.0f} (the run "
                                "keeps the job down longer than it)"}
@@ -48,6 +50,9 @@ KINDS = {kind.name: kind for kind in (
     FaultKind("executor-kill", "kill -9 of an executor (its JVM and Python workers) while one of its tasks is in the "
                                "middle of its transaction; the run's standalone cluster starts another executor and "
                                "Spark runs the lost tasks again", 30.0, needs=("own-spark",)),
+    FaultKind("relayout", "at a driver restart (after a kill, a crash or a downtime), the source's layout changed: "
+                          "minPartitions twice the input partitions, then the job's own at the next, in turn", 30.0,
+              needs=("restarts",)),
     FaultKind("broker-kill", "kill -9 of the Kafka broker, restarted after a random outage of up to 5 s", 40.0,
               needs=("own-kafka",)),
     FaultKind("network-kafka", "a network fault between Spark and Kafka through the run's proxy, one at a time: an "
@@ -72,6 +77,7 @@ DEFAULT_MASTER = "local[2,4]"
 NETWORK_FAULTS = ("network-kafka", "network-postgres")  # injected by threads of their own (network.py)
 TASK_KILLS = ("python-worker-kill", "executor-kill")  # aimed at a task in its transaction
 HELD_TASK_FAULTS = (*TASK_KILLS, "long-downtime")  # struck when a task stops in the middle of its transaction
+RESTARTING = ("driver-kill", "driver-kill-mid-commit", "long-downtime", "postgres-crash")  # the driver restarts after
 MAX_OUTAGE_S = 5.0
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)(=(?P<seconds>\d+(\.\d+)?)s?)?")
 
@@ -89,7 +95,7 @@ def applicable(spec: JobSpec, master: str = DEFAULT_MASTER, kafka_named: bool = 
 
 
 def _unmet(kind: FaultKind, spec: JobSpec, master: str, kafka_named: bool, job_endpoints: bool) -> list[str]:
-    have = set()
+    have = {"restarts"}  # driver-kill applies to every job; parse_faults checks that one is chosen
     if spec.sink.format == POSTGRES_SINK:
         have.add("postgres")
         if not job_endpoints:
@@ -159,6 +165,8 @@ def parse_faults(text: str | None, spec: JobSpec, master: str = DEFAULT_MASTER, 
         if seconds <= 0:
             raise FaultError(f"fault {name}: the time between faults must be more than 0 s (got {item!r})")
         chosen[name] = seconds
+    if "relayout" in chosen and not set(chosen) & set(RESTARTING):
+        raise FaultError(f"fault relayout does not apply to this run: it needs {NEEDS['restarts']}")
     return chosen
 
 

@@ -15,7 +15,8 @@ from plotly.subplots import make_subplots
 from .report import ChaosReport, watch_summary
 
 FAULT_COLOURS = {"driver-kill": "#d62728", "driver-kill-mid-commit": "#9467bd", "python-worker-kill": "#e377c2",
-                 "executor-kill": "#7f7f7f", "broker-kill": "#ff7f0e", "postgres-crash": "#8c564b",
+                 "executor-kill": "#7f7f7f", "relayout": "#e7ba52", "broker-kill": "#ff7f0e",
+                 "postgres-crash": "#8c564b",
                  "network-kafka": "#17becf", "network-postgres": "#bcbd22", "long-downtime": "#393b79"}
 TIMELINE_ID = "chaos-timeline"
 
