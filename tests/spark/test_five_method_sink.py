@@ -126,7 +126,7 @@ class FiveMethodTarget(DrillTarget):
     def __init__(self, tmp_path: Path):
         self.path, self.control = tmp_path / "out", tmp_path / "control"
         self.aimed = {1: AimedKill("attempt entered", lambda: set(control_files(self.control)["attempts"])),
-                      3: AimedKill("decided", lambda: set(control_files(self.control)["decisions"]))}
+                      3: AimedKill("decided", hold_at="2pc.decided")}
 
     def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
         return ["--jsonl-path", str(self.path), "--control-location", str(self.control)]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkeos.spark import failpoints
 from sparkeos.verify import assert_exactly_once
 from support.crash import (
     STARTUP_TIMEOUT_S,
@@ -36,7 +37,7 @@ from support.crash import (
     wait_for_kill_moment,
 )
 from support.pipeline_job import RUNNING_PREFIX, STOPPED_LINE
-from support.spark import create_topic, unique, wait_for
+from support.spark import FAILPOINT_DIR, create_topic, unique, wait_for
 
 # Driver kills per drill. Each sink's example job also runs under sparkeos chaos (tests/test_chaos.py) with driver
 # kills at random and mid-commit, task kills, aborted input and a reader watching its output; the Kafka sink is
@@ -68,11 +69,15 @@ class Kill:
 
 @dataclass
 class AimedKill:
-    """Kill just after ``found()`` gained an element, once the run committed a batch."""
+    """Kill just after ``found()`` gained an element, once the run committed a batch; or, with ``hold_at``, while the
+    driver is held at that step of the sink's protocol (sparkeos.spark.failpoints): for a moment that polling misses
+    when the driver goes on faster than a poll (a batch decided, then committed and logged within milliseconds on a
+    loaded machine)."""
 
     moment: str
-    found: Callable[[], set]
+    found: Callable[[], set] | None = None
     max_delay_s: float = 0.02
+    hold_at: str | None = None
 
 
 class DrillTarget:
@@ -162,6 +167,13 @@ def kill_aimed(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random,
     driver.wait_running(STARTUP_TIMEOUT_S)
     wait_for(lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
              timeout_s=STARTUP_TIMEOUT_S, interval_s=0.05, what=f"driver {cycle} to commit a batch")
+    if aimed.hold_at is not None:
+        held = failpoints.arm_hold(FAILPOINT_DIR, aimed.hold_at)
+        try:
+            driver.kill_when(lambda: bool(failpoints.holds(FAILPOINT_DIR, aimed.hold_at) - held))
+        finally:
+            failpoints.disarm_hold(FAILPOINT_DIR, aimed.hold_at)  # untaken, it would hold the next driver
+        return aimed.moment
     known = aimed.found()
     driver.kill_when(lambda: bool(aimed.found() - known), delay_s=rng.uniform(0, aimed.max_delay_s))
     return aimed.moment

@@ -69,7 +69,7 @@ class PostgresTarget(DrillTarget):
         self.server = server
         self.table = Table(server, f"crash_{uuid.uuid4().hex[:10]}")
         self.aimed = {1: AimedKill("prepared", lambda: set(self.table.prepared())),
-                      3: AimedKill("decided", lambda: set(self.table.decisions()))}
+                      3: AimedKill("decided", hold_at="2pc.decided")}
 
     def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
         return ["--postgres-url", self.server.url(), "--postgres-table", self.table.name]
