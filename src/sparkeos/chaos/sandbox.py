@@ -52,10 +52,6 @@ class ApacheKafkaNode:
     def __init__(self, cluster: ApacheKafkaCluster):
         self.cluster = cluster
 
-    @property
-    def port(self) -> int:
-        return self.cluster.nodes[1].port
-
     def crash(self) -> None:
         self.cluster.kill(1)
 
