@@ -133,7 +133,7 @@ def test_kafka_transactional_ids_are_listed_and_a_querys_open_transactions_abort
     options = ["-o", f"kafka.bootstrap.servers={bootstrap}", "-o", f"topic={target}"]
 
     def run(numbers: range) -> str:
-        produce(bootstrap, source, [str(n) for n in numbers])
+        produce(bootstrap, source, [str(n) for n in numbers], spread_over=2)  # both sink tasks write
         query = (spark.readStream.format("sparkeos.kafka").option("kafka.bootstrap.servers", bootstrap)
                  .option("subscribe", source).option("startingOffsets", "earliest").load()
                  .select(F.col("value")).writeStream.format("sparkeos.kafka")
