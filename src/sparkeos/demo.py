@@ -6,6 +6,10 @@ records go to a dead-letter topic in the same transactions. With --crash-every t
 killed with SIGKILL periodically and the job's restart strategy brings it back from its checkpoint.
 At the end `sparkeos audit` compares the output with the job run in batch mode over the input.
 
+The demo is a preset of `sparkeos chaos`'s engine (sparkeos.chaos.engine): its sandbox is the demo's
+broker and topics with all of the input produced first, its one fault the driver-kill, drawn around
+--crash-every from the driver's start until the job delivered everything.
+
 With --bootstrap-servers the demo runs on an existing cluster instead of the embedded broker: its
 topics, consumer group and schema registry topic are named after the run, the registry runs in
 this process, and the topics and group are deleted once the audit found the output exact.
@@ -23,10 +27,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import fastavro
 import yaml
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.console import Console
 from rich.live import Live
@@ -36,6 +41,9 @@ from .chaos.input import produce_with_retry
 from .jobs.quiet import librdkafka_log_level
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
+
+if TYPE_CHECKING:
+    from .chaos.report import ChaosReport
 
 REACH_TIMEOUT_S = 15  # how long the demo tries an existing cluster before it says it cannot reach it
 PEOPLE_SCHEMA = {
@@ -233,31 +241,6 @@ def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time
     }
 
 
-class Progress:
-    """Lag of the job's source (from the offsets it commits to its group) and records delivered."""
-
-    def __init__(self, bootstrap: str, names: DemoTopics):
-        self.bootstrap = bootstrap
-        self.input = names.input
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": names.group, "enable.auto.commit": False,
-                                  "isolation.level": "read_committed", **QUIET_CLIENT})
-
-    def input_position(self) -> tuple[int, int]:
-        """(records the job has finished, records in the input)."""
-        metadata = self.consumer.list_topics(self.input, timeout=10).topics[self.input]
-        partitions = [TopicPartition(self.input, p) for p in metadata.partitions]
-        committed = self.consumer.committed(partitions, timeout=10)
-        end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in partitions)
-        done = sum(max(tp.offset, 0) for tp in committed)
-        return done, end
-
-    def count(self, topic: str) -> int:
-        return count_committed(self.bootstrap, topic)
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 def count_committed(bootstrap: str, topic: str) -> int:
     """Records of `topic` visible to read_committed readers, read to its end. The count is progress shown while
     the job runs, so a read that times out shows what it counted so far instead of ending the demo."""
@@ -265,12 +248,6 @@ def count_committed(bootstrap: str, topic: str) -> int:
         return count_records(bootstrap, topic, timeout_s=60, config=QUIET_CLIENT)
     except ReadTimeout as timed_out:
         return timed_out.records_read
-
-
-def committed_batches(checkpoint: Path) -> int:
-    """Batches in Spark's commit log."""
-    commits = checkpoint / "commits"
-    return sum(1 for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else 0
 
 
 def status_table(state: dict) -> Table:
@@ -307,8 +284,11 @@ class ExistingCluster:
 def run_demo(records: int, data_dir: Path | None, crash_every: float | None, event_time: bool, as_json: bool,
              partitions: int = 2, seed: int = 42, timeout_s: float = 900, bootstrap_servers: str | None = None,
              keep_topics: bool = False) -> int:
-    """Exit status: 0 when the audit found the output exact, 1 when not, 2 when --bootstrap-servers is unreachable."""
-    from .jobs.runner import Supervisor, read_json
+    """Exit status: 0 when the audit found the output exact, 1 when not, 2 when --bootstrap-servers is unreachable.
+    A preset of the chaos engine (sparkeos.chaos.engine): the demo's sandbox and input, driver kills as its fault."""
+    from .chaos.engine import ChaosRun, ChaosSettings, PreparedRun
+    from .chaos.sandbox import Sandbox, Topics
+    from .jobs.spec import load_job
 
     console = Console(stderr=as_json)
     if bootstrap_servers:
@@ -323,8 +303,6 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
     stack: ExistingCluster | StackProcess = (ExistingCluster(bootstrap_servers, names.schemas) if bootstrap_servers
                                              else StackProcess(workdir / "broker", schema_registry=True))
     stack.start()
-    supervisor = None
-    started = time.monotonic()
     try:
         bootstrap = stack.bootstrap_servers
         registry_url = stack.schema_registry_url
@@ -338,73 +316,39 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         job_path = workdir / "job.yaml"
         job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry_url, workdir / "checkpoint", event_time,
                                                         names), sort_keys=False))
-        status_file = workdir / "status.json"
-        supervisor = Supervisor(str(job_path), master="local[2]", status_file=status_file,
-                                log_file=workdir / "driver.log")
-        supervisor.start_driver()
-        progress = Progress(bootstrap, names)
-        next_crash = time.monotonic() + crash_every if crash_every else None
-        batches_at_start = committed_batches(workdir / "checkpoint")
-        state: dict = {}
-        last_counts, last_change = None, time.monotonic()
-        with Live(status_table(state), console=console, refresh_per_second=2) as live:
-            while True:
-                time.sleep(1)
-                code = supervisor.driver.poll() if supervisor.driver else None
-                if code is not None:
-                    delay = supervisor.next_delay()
-                    if delay is None:
-                        raise RuntimeError(f"the job's driver failed (exit {code}) and may not restart again")
-                    supervisor.restart(delay)
-                # Kill only once this driver has committed a batch of its own: a drill that kills faster
-                # than a driver can start and finish a batch would just starve the job.
-                if (next_crash is not None and time.monotonic() >= next_crash
-                        and committed_batches(workdir / "checkpoint") > batches_at_start):
-                    supervisor.kill_driver()
-                    delay = supervisor.next_delay()
-                    if delay is None:
-                        raise RuntimeError("the crash drill killed the driver more often than its restart strategy "
-                                           "allows")
-                    supervisor.restart(delay)
-                    batches_at_start = committed_batches(workdir / "checkpoint")
-                    next_crash = time.monotonic() + crash_every * random.uniform(0.5, 1.0)
-                done, total = progress.input_position()
-                driver_progress = read_json(supervisor.progress_file)
-                state.update(done=done, input=total, lag=total - done, restarts=supervisor.restarts,
-                             batches=driver_progress.get("last_batch", ""),
-                             elapsed=f"{time.monotonic() - started:.0f} s")
-                if done >= total:
-                    state["delivered"] = progress.count(names.output)
-                    state["dead"] = progress.count(names.dead_letter)
-                live.update(status_table(state))
-                if done >= total and state["delivered"] >= generated.valid and state["dead"] >= generated.corrupt:
-                    break
-                counts = (done, state.get("delivered"), state.get("dead"))
-                if counts != last_counts:
-                    last_counts, last_change = counts, time.monotonic()
-                elif done >= total and time.monotonic() - last_change > STALL_S:
-                    console.print(f"[red]the output stopped growing for {STALL_S} s short of what is expected[/]")
-                    break
-                if time.monotonic() - started > timeout_s:
-                    console.print("[red]timed out waiting for the job to catch up[/]")
-                    break
-        progress.close()
-        supervisor.stop()
-        report = audit_demo(job_path, bootstrap, workdir / "audit.log", names)
-        summary = {"expected": report.output.expected, "delivered": report.output.delivered,
-                   "missing": report.output.missing, "duplicated": report.output.duplicated,
-                   "unexpected": report.output.unexpected,
-                   "dead_lettered": report.dead_letter.delivered if report.dead_letter else 0,
-                   "restarts": supervisor.restarts, "seconds": round(time.monotonic() - started, 1)}
-        exact = (report.exact and summary["expected"] == generated.valid
+        sandbox = Sandbox(workdir, stack if isinstance(stack, StackProcess) else None, None, job_path,
+                          load_job(job_path), Topics(names.input, names.output, names.dead_letter),
+                          {"Kafka": bootstrap}, named_kafka=bootstrap if names.prefix else None,
+                          registry_url=registry_url)
+        watch = Watch(bootstrap, names, generated)
+        settings = ChaosSettings(faults={"driver-kill": crash_every} if crash_every else {}, seed=seed,
+                                 partitions=partitions, master="local[2]", timeout_s=timeout_s, workdir=workdir)
+        with Live(status_table({}), console=console, refresh_per_second=2) as live:
+            def shown(report: ChaosReport) -> None:
+                live.update(status_table(watch.state(report)))
+
+            report = ChaosRun(job_path, settings, shown, PreparedRun(sandbox, generated.records, generated.corrupt,
+                                                                     watch.done)).run()
+            live.update(status_table(watch.state(report)))
+        if watch.stalled:
+            console.print(f"[red]the output stopped growing for {STALL_S} s short of what is expected[/]")
+        if report.timed_out:
+            console.print("[red]timed out waiting for the job to catch up[/]")
+        if report.gave_up:
+            console.print(f"[red]{report.gave_up}[/]", highlight=False, soft_wrap=True)
+        audit = report.audit
+        summary = {"expected": audit.output.expected, "delivered": audit.output.delivered,
+                   "missing": audit.output.missing, "duplicated": audit.output.duplicated,
+                   "unexpected": audit.output.unexpected,
+                   "dead_lettered": audit.dead_letter.delivered if audit.dead_letter else 0,
+                   "restarts": report.restarts, "seconds": report.seconds}
+        exact = (audit.exact and summary["expected"] == generated.valid
                  and summary["dead_lettered"] == generated.corrupt)
         summary["exact"] = exact
         if names.prefix:
             summary["prefix"] = names.prefix
         console.print(final_table(summary))
     finally:
-        if supervisor is not None:
-            supervisor.kill_driver()
         stack.stop()
     if names.prefix:
         if exact and not keep_topics:
@@ -421,13 +365,38 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
     return 0 if exact else 1
 
 
-def audit_demo(job_path: Path, bootstrap: str, log: Path, names: DemoTopics = DEFAULT_TOPICS):
-    """The audit, in this process; its Spark JVM logs to `log`, not through the tables on the terminal."""
-    from .jobs.audit import audit_in_this_process
-    from .jobs.spec import load_job
+class Watch:
+    """The demo's live view of a run, and its rule for when the job is done: all of the input processed (the chaos
+    engine's rule) and every valid record delivered and every corrupt one dead-lettered, or the output stopped
+    growing for STALL_S short of that."""
 
-    return audit_in_this_process(load_job(job_path), bootstrap, names.input, names.output, names.dead_letter, log,
-                                 "sparkeos-demo-audit")
+    def __init__(self, bootstrap: str, names: DemoTopics, generated: Generated):
+        self.bootstrap, self.names, self.generated = bootstrap, names, generated
+        self.counts: tuple[int, int] | None = None
+        self.last_change = time.monotonic()
+        self.stalled = False
+
+    def done(self) -> bool:
+        counts = (count_committed(self.bootstrap, self.names.output),
+                  count_committed(self.bootstrap, self.names.dead_letter))
+        if counts != self.counts:
+            self.counts, self.last_change = counts, time.monotonic()
+        self.stalled = time.monotonic() - self.last_change > STALL_S
+        return (counts[0] >= self.generated.valid and counts[1] >= self.generated.corrupt) or self.stalled
+
+    def state(self, report: ChaosReport) -> dict:
+        """The status table's row: the job's progress from the report's last sample (input offsets, as the source
+        reads them), the counts once it is done."""
+        sample = report.samples[-1] if report.samples else None
+        done = sample.processed if sample and sample.processed is not None else 0
+        lag = sample.lag if sample and sample.lag is not None else None
+        state = {"done": done, "input": "" if lag is None else done + lag, "lag": "" if lag is None else lag,
+                 "restarts": report.restarts if not sample else sample.restarts,
+                 "batches": "" if not sample or sample.batch is None else sample.batch,
+                 "elapsed": f"{report.samples[-1].at if sample else 0:.0f} s"}
+        if self.counts is not None:
+            state["delivered"], state["dead"] = self.counts
+        return state
 
 
 def final_table(summary: dict) -> Table:

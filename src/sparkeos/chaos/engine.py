@@ -11,6 +11,10 @@ to catch up, stopped cleanly and audited against its own transformation.
 4. Stop the driver cleanly and audit the output, read as an independent reader reads it: missing, duplicated and
    unexpected records, with samples. All through the run, from the start to the clean stop, a reader watched the
    output (watcher.py): a record it saw must not vanish.
+
+A preset (`sparkeos demo`) hands over a `PreparedRun`: its own sandbox, with its input produced beforehand. Nothing is
+fed (step 1); the faults are scheduled from the driver's start and go on until the job is done (steps 2 and 3): its
+checkpoint shows all of the input processed and the preset's own rule says the output is all there.
 """
 
 from __future__ import annotations
@@ -175,6 +179,38 @@ class Feeder(threading.Thread):
         self.join()
 
 
+class RecordedInput:
+    """A prepared run's input, all in its topic before the run starts: the feeder's part, with nothing to feed."""
+
+    def __init__(self, records: int, corrupt: int):
+        self.acknowledged = self.produced = records
+        self.corrupt = corrupt
+        self.failed: list[str] = []
+        self.stopping = threading.Event()
+        self.stopping.set()
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+@dataclass
+class PreparedRun:
+    """A run whose sandbox and input a preset made (the demo's): the sandbox is the preset's to stop; `records` are in
+    its input topic, `corrupt` of them not decodable; `done()` says whether the job delivered all it must, asked once
+    its checkpoint shows all of the input processed."""
+
+    sandbox: Sandbox
+    records: int
+    corrupt: int
+    done: Callable[[], bool]
+
+
 def committed_input(bootstrap: str, topic: str) -> tuple[int, int]:
     """The records of `topic` a read_committed reader reads, and how many of them are not decodable: what the run fed,
     whatever became of the transactions whose producer failed."""
@@ -185,9 +221,11 @@ def committed_input(bootstrap: str, topic: str) -> tuple[int, int]:
 class ChaosRun:
     """One run; `run()` returns its report. `on_tick` sees the report as it grows (the live console)."""
 
-    def __init__(self, job_file: Path, settings: ChaosSettings, on_tick: Callable[[ChaosReport], None] | None = None):
+    def __init__(self, job_file: Path, settings: ChaosSettings, on_tick: Callable[[ChaosReport], None] | None = None,
+                 prepared: PreparedRun | None = None):
         self.job_file = Path(job_file)
         self.settings = settings
+        self.prepared = prepared
         self.on_tick = on_tick or (lambda _report: None)
         self.workdir = settings.workdir or Path(tempfile.mkdtemp(prefix="sparkeos-chaos-"))
         self.failpoints = self.workdir / "failpoints"
@@ -223,9 +261,12 @@ class ChaosRun:
             # Read before anything starts: the cluster the job names may not answer.
             job = load_job(self.job_file)
             samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
-            sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
-                                    self.settings.seed, self.settings.bootstrap_server, self.settings.kafka_version,
-                                    self.settings.job_endpoints)
+            if self.prepared is not None:
+                sandbox = self.prepared.sandbox
+            else:
+                sandbox = start_sandbox(self.job_file, self.workdir, self.settings.partitions, self.settings.faults,
+                                        self.settings.seed, self.settings.bootstrap_server,
+                                        self.settings.kafka_version, self.settings.job_endpoints)
             self.report.sandbox = dict(sandbox.endpoints)
             self.report.job_name = sandbox.spec.name
             if cluster is not None:
@@ -252,7 +293,7 @@ class ChaosRun:
                 if starting is not None:
                     starting.exception()  # a cluster still starting is stopped once it has started
                 cluster.stop()
-            if sandbox is not None:
+            if sandbox is not None and self.prepared is None:
                 sandbox.stop()
         self.report.seconds = self.elapsed()
         return self.report
@@ -263,7 +304,11 @@ class ChaosRun:
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
         registry = sandbox.registry_url
-        if samples is None:
+        prepared = self.prepared
+        if prepared is not None:
+            generator = RecordedInput(prepared.records, prepared.corrupt)
+            self.report.sandbox["input"] = f"{prepared.records} records produced before the run"
+        elif samples is None:
             generator = InputGenerator(sandbox.spec, settings.seed, registry, sandbox.topics.input)
             self.report.sandbox["input"] = f"generated from the job's format, seed {settings.seed}"
         else:
@@ -285,7 +330,8 @@ class ChaosRun:
                 return None
 
         lag = LagCluster({"bootstrap.servers": sandbox.bootstrap, **SILENT_CLIENT}, timeout_s=10)
-        feeder = Feeder(sandbox.bootstrap, sandbox.topics.input, generator, settings.rate, settings.seed)
+        feeder = generator if isinstance(generator, RecordedInput) else Feeder(
+            sandbox.bootstrap, sandbox.topics.input, generator, settings.rate, settings.seed)
         schedule: Schedule | None = None  # drawn once the job committed its first batch
         supervisor.start_driver()
         self.event("started", f"driver on {master}")
@@ -355,7 +401,11 @@ class ChaosRun:
                     self._give_up_hold(schedule, aimed[0], task_step, now,
                                        f"no task reached {task_step} within {HOLD_WAIT_S} s")
                     aimed = None
-            if schedule is None and committed is not None:
+            if schedule is None and prepared is not None:
+                schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
+                                    settings.seed, now)
+                self.event("faults", "from the driver's start until the job is done")
+            elif schedule is None and committed is not None:
                 schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
                                     settings.seed, now)
                 injectors = self._start_network_faults(sandbox, checkpoint)
@@ -367,7 +417,8 @@ class ChaosRun:
                     now, faults_end, settings.faults, self.report.injected, len(recovering) + (down is not None)):
                 feeder.stop()
                 self.event("input-end", f"{feeder.acknowledged} records fed")
-            if schedule is not None and not feeder.stopping.is_set() and not struck and down is None:
+            faulting = not feeder.stopping.is_set() or prepared is not None
+            if schedule is not None and faulting and not struck and down is None:
                 own_batch = committed is not None and (batches_at_start is None or committed > batches_at_start)
                 for due in schedule.due_now(now):
                     if now >= faults_end and self.report.injected.get(due):
@@ -406,7 +457,7 @@ class ChaosRun:
                     break
                 if self.report.gave_up:
                     break
-            elif feeder.stopping.is_set() and (armed is not None or aimed is not None):
+            elif not faulting and (armed is not None or aimed is not None):
                 self._disarm(step)
                 self._disarm(task_step)
                 armed = aimed = None
@@ -415,7 +466,7 @@ class ChaosRun:
                 next_sample = now + SAMPLE_EVERY_S
                 caught_up = self._sample(lag, checkpoint, feeder, supervisor, committed, visible_output())
                 self.on_tick(self.report)
-                if caught_up and feeder.stopping.is_set():
+                if caught_up and feeder.stopping.is_set() and (prepared is None or prepared.done()):
                     # The batch that caught up may have committed after this tick read the commit log.
                     self.note_recoveries(committed_batch(checkpoint))
                     self.event("caught-up", f"all {feeder.acknowledged} records processed")
@@ -431,12 +482,15 @@ class ChaosRun:
             self._stop_injector(injector)
         feeder.stop()
         self.report.feed_errors = feeder.failed[:5]
-        try:
-            self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
-                                                                                     sandbox.topics.input)
-        except Exception as error:  # noqa: BLE001 - the run's report still comes, with what the feeder knows
-            self.report.feed_errors.append(f"the input topic could not be read back: {error}")
-            self.report.input_records, self.report.corrupt_records = feeder.acknowledged, generator.corrupt
+        if prepared is not None:  # counted as the preset produced them
+            self.report.input_records, self.report.corrupt_records = prepared.records, prepared.corrupt
+        else:
+            try:
+                self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
+                                                                                         sandbox.topics.input)
+            except Exception as error:  # noqa: BLE001 - the run's report still comes, with what the feeder knows
+                self.report.feed_errors.append(f"the input topic could not be read back: {error}")
+                self.report.input_records, self.report.corrupt_records = feeder.acknowledged, generator.corrupt
         self.report.aborted_input_records = generator.produced - self.report.input_records
         self.report.restarts = supervisor.restarts
         return supervisor
