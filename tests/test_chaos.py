@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
+import threading
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -367,6 +369,46 @@ def test_an_apache_kafka_version_not_in_the_cache_is_fetched_saying_so_or_refuse
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"fetching Apache Kafka {VERSIONS[0]}'s jars from Maven Central" in result.stdout
     assert "`mvn` is not on PATH" in result.stderr and "install Maven" in result.stderr, result.stderr[-3000:]
+
+
+def test_a_broker_that_cannot_start_again_ends_the_run_with_a_report_that_says_so(runtime_python, tmp_path):
+    """A killed broker that cannot start again (here another process took its port while it was down) ends the run:
+    the report says so, and that the output could not be audited; exit 1, no traceback. Seed 1 keeps the broker
+    down 4.2 s, time enough to take its port."""
+    workdir = tmp_path / "run"
+    taken: list[socket.socket] = []
+
+    def take_the_port() -> None:
+        job = workdir / "job.yaml"
+        wait_for(job.exists, timeout_s=300, interval_s=0.05, what="the sandbox's job file")
+        host, port = yaml.safe_load(job.read_text())["source"]["kafka.bootstrap.servers"].rsplit(":", 1)
+
+        def broker_down() -> bool:
+            with socket.socket() as probe:
+                return probe.connect_ex((host, int(port))) != 0
+
+        wait_for(broker_down, timeout_s=300, interval_s=0.02, what="the broker-kill")
+        squatter = socket.socket()
+        # As a restarting server does: the killed broker's connections leave the port in TIME_WAIT.
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        taken.append(squatter)
+
+    thief = threading.Thread(target=take_the_port, daemon=True)
+    thief.start()
+    result = chaos(runtime_python, EXAMPLES / "people-json.yaml", "--faults", "broker-kill=5", "--duration", "60",
+                   "--seed", "1", "--json", "--workdir", str(workdir))
+    thief.join(10)
+    for squatter in taken:
+        squatter.close()
+    assert taken, "the broker's port was not taken while it was down"
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    report = last_json(result)
+    assert result.returncode == 1 and not report["exact"]
+    assert report["gave_up"].startswith("the Kafka broker did not start again after a broker-kill"), report["gave_up"]
+    assert "the output was not audited" in report["problems"], report["problems"]
+    assert report["injected"] == {"broker-kill": 1}
 
 
 def test_jobs_the_sandbox_cannot_run_are_refused_with_the_reason(runtime_python, tmp_path):

@@ -94,6 +94,23 @@ def test_advertised_listener_and_bad_arguments(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--num-partitions" in bad.stderr
 
 
+def test_a_port_that_is_taken_is_named_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(tmp_path), "--listen", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"sparkeos broker: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
 def test_transaction_max_timeout_option_reaches_clients(tmp_path: Path) -> None:
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource

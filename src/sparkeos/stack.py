@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .broker.core import Broker, BrokerConfig
@@ -155,7 +156,13 @@ async def serve(config: BrokerConfig, schema_registry: tuple[str, int] | None = 
     """
     broker = Broker(config)
     server = BrokerServer(broker)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as error:  # the port taken, or the address not this host's: said in a line, not a traceback
+        why = os.strerror(error.errno) if error.errno else str(error)
+        print(f"sparkeos broker: cannot listen on {config.host}:{config.port}: {why}", file=sys.stderr, flush=True)
+        await broker.close()
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

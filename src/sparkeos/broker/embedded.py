@@ -109,8 +109,15 @@ class BrokerProcess:
             self.announcements.append(line.rstrip("\n"))
             line = _read_line_with_timeout(self.process, self.startup_timeout)
         if not line.startswith(READY_PREFIX):
+            try:  # at the end of its output: it exited, or is about to
+                code = self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
             self.kill()
-            raise RuntimeError(f"broker did not start: {[*self.announcements, line]!r}")
+            if code is not None:
+                raise RuntimeError(f"broker did not start: it exited with {code} (its error is on stderr)")
+            raise RuntimeError(f"broker did not start within {self.startup_timeout:.0f} s: "
+                               f"{[*self.announcements, line]!r}")
         self.bootstrap_servers = line[len(READY_PREFIX):].strip()
         # Keep the port across restarts so clients can reconnect to the same address. A port given stays: the ready
         # line names the advertised address, which may be another's (a proxy's).

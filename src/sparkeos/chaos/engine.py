@@ -233,6 +233,7 @@ class ChaosRun:
         self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
         self._next_open_check = 0.0  # when a long downtime next asks the broker for open transactions
         self.layouts = 0  # relayouts so far
+        self.server_down: str | None = None  # a server of the sandbox that did not start again after its fault
         self.own_min_partitions: object = _UNREAD  # the job's own minPartitions, read at the first relayout
         self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
                                   workdir=str(self.workdir))
@@ -279,11 +280,14 @@ class ChaosRun:
             watcher = OutputWatcher(lambda: sink.visible_records(options), self.elapsed)
             watcher.start()
             supervisor = self._drive(sandbox, master, cluster, job, samples)
-            supervisor.stop()
-            self.event("stopped", "the driver stopped cleanly")
+            if self.server_down is None:
+                supervisor.stop()
+                self.event("stopped", "the driver stopped cleanly")
+            else:  # a clean stop would wait on the server in vain
+                supervisor.kill_driver()
+                self.event("killed", f"the driver, with {self.server_down} down")
             self.report.watched = watcher.stop()
-            self.report.leftovers = left_pending(sandbox.spec)
-            self.report.audit = audit_sandbox(sandbox, self.workdir / "audit.log")
+            self._check_after_stop(sandbox)
         finally:
             if watcher is not None:
                 watcher.stopping.set()
@@ -448,6 +452,7 @@ class ChaosRun:
                             server.start()
                         except Exception as error:  # noqa: BLE001 - the run ends, with its report saying why
                             what = "the Kafka broker" if due == "broker-kill" else "PostgreSQL"
+                            self.server_down = what
                             self.report.gave_up = f"{what} did not start again after a {due}: {error}"
                             self.event("gave-up", self.report.gave_up)
                             break
@@ -480,10 +485,15 @@ class ChaosRun:
         self._disarm(task_step)
         for injector in injectors.values():
             self._stop_injector(injector)
-        feeder.stop()
+        if self.server_down is None:
+            feeder.stop()
+        else:  # its calls to a broker that is gone would be made again for FEED_OUTAGE_S: the run is over
+            feeder.stopping.set()
         self.report.feed_errors = feeder.failed[:5]
         if prepared is not None:  # counted as the preset produced them
             self.report.input_records, self.report.corrupt_records = prepared.records, prepared.corrupt
+        elif self.server_down is not None:
+            self.report.input_records, self.report.corrupt_records = feeder.acknowledged, generator.corrupt
         else:
             try:
                 self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
@@ -494,6 +504,22 @@ class ChaosRun:
         self.report.aborted_input_records = generator.produced - self.report.input_records
         self.report.restarts = supervisor.restarts
         return supervisor
+
+    def _check_after_stop(self, sandbox: Sandbox) -> None:
+        """List what the sink left pending and audit the output; a check whose store does not answer is noted as not
+        made, and the report comes all the same. Neither is tried while a server of the sandbox is down."""
+        if self.server_down is not None:
+            self.event("not-checked", f"{self.server_down} is down: the output and what the sink left pending cannot "
+                                      "be read")
+            return
+        try:
+            self.report.leftovers = left_pending(sandbox.spec)
+        except Exception as error:  # noqa: BLE001 - said in the report, which makes the run inexact
+            self.report.check_errors.append(f"what the sink left pending could not be listed: {error}")
+        try:
+            self.report.audit = audit_sandbox(sandbox, self.workdir / "audit.log")
+        except Exception as error:  # noqa: BLE001 - as above
+            self.report.check_errors.append(f"the output could not be audited: {error}")
 
     def note_recoveries(self, committed: int | None) -> None:
         """Each fault the job committed a batch after, `committed` the last, has recovered: its time is noted."""

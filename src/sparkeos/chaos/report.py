@@ -55,6 +55,7 @@ class ChaosReport:
     feed_errors: list[str] = field(default_factory=list)
     fault_errors: list[str] = field(default_factory=list)  # a fault injector that failed
     leftovers: list[str] = field(default_factory=list)  # what the sink held pending after the clean stop
+    check_errors: list[str] = field(default_factory=list)  # checks after the clean stop that could not be made
     watched: WatchReport | None = None  # what the reader watching the output saw; None: the sink's view is not watched
     timed_out: bool = False
     gave_up: str | None = None
@@ -76,6 +77,7 @@ class ChaosReport:
         if self.audit is None:
             found.append("the output was not audited")
         found += self.fault_errors
+        found += self.check_errors
         if self.leftovers:
             found.append(f"{len(self.leftovers)} left pending after the clean stop: {'; '.join(self.leftovers[:5])}")
         if self.watched is not None:
@@ -97,7 +99,7 @@ class ChaosReport:
             "samples": audit["samples"] if audit else {}, "dead_letter": audit.get("dead_letter") if audit else None,
             "problems": self.problems, "timed_out": self.timed_out, "gave_up": self.gave_up,
             "feed_errors": list(self.feed_errors), "fault_errors": list(self.fault_errors),
-            "leftovers": list(self.leftovers),
+            "leftovers": list(self.leftovers), "check_errors": list(self.check_errors),
             "watched": self.watched.to_json() if self.watched is not None else None,
             "input_records": self.input_records,
             "corrupt_records": self.corrupt_records,
@@ -130,6 +132,7 @@ def report_from_json(data: dict[str, Any]) -> ChaosReport:
     report.feed_errors = list(data["feed_errors"])
     report.fault_errors = list(data["fault_errors"])
     report.leftovers = list(data["leftovers"])
+    report.check_errors = list(data["check_errors"])
     report.watched = WatchReport(**data["watched"]) if data.get("watched") else None
     return report
 
