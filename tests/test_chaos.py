@@ -4,9 +4,12 @@ inexact, with samples; bad input is refused before anything starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -409,6 +412,58 @@ def test_a_broker_that_cannot_start_again_ends_the_run_with_a_report_that_says_s
     assert report["gave_up"].startswith("the Kafka broker did not start again after a broker-kill"), report["gave_up"]
     assert "the output was not audited" in report["problems"], report["problems"]
     assert report["injected"] == {"broker-kill": 1}
+
+
+def test_a_job_whose_driver_fails_before_its_first_batch_is_reported_given_up(runtime_python, tmp_path):
+    """A driver that fails as it starts (its SQL names a column the input lacks) is restarted as the job's restart
+    strategy says, before any fault was scheduled, and the run ends when the strategy gives up: a report, exit 1."""
+    document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
+    document["transforms"] = [{"sql": "SELECT no_such_column FROM input"}]
+    document["restart"] = {"strategy": "fixed-delay", "attempts": 1, "delay": "1 second"}
+    job = tmp_path / "failing.yaml"
+    job.write_text(yaml.safe_dump(document))
+    result = chaos(runtime_python, job, "--faults", "driver-kill=5", "--duration", "10", "--json")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    report = last_json(result)
+    assert result.returncode == 1 and not report["exact"]
+    assert report["restarts"] == 1 and report["injected"] == {}, report
+    assert report["gave_up"].startswith("the job's restart strategy (fixed-delay"), report["gave_up"]
+    assert [e["kind"] for e in report["events"]].count("driver-exit") == 2, report["events"]
+
+
+def test_a_run_interrupted_with_ctrl_c_leaves_no_driver_running(runtime_python, tmp_path):
+    """The job's driver runs in a session of its own, out of the terminal's reach: a run ended by Ctrl-C (or by an
+    error) kills it as it ends."""
+    workdir = tmp_path / "work"
+    job_path = str(workdir / "job.yaml")
+
+    def drivers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and job_path in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+        return found
+
+    run = subprocess.Popen([str(runtime_python), "-m", "sparkeos", "chaos", str(EXAMPLES / "people-json.yaml"),
+                            "--faults", "driver-kill=30", "--workdir", str(workdir)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env=runtime_environment(runtime_python))
+    try:
+        wait_for(lambda: (workdir / "checkpoint" / "commits" / "0").exists(), timeout_s=300,
+                 what="the job's first committed batch")
+        assert drivers(), "no driver found by its job file"
+        run.send_signal(signal.SIGINT)
+        run.wait(120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    left = drivers()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the driver outlived the run: {left}"
+    stderr = run.stderr.read()
+    assert run.returncode == 130 and stderr.rstrip().endswith("sparkeos chaos: interrupted"), stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
 
 
 def test_jobs_the_sandbox_cannot_run_are_refused_with_the_reason(runtime_python, tmp_path):

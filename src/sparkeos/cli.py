@@ -450,10 +450,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_job(args)
     if args.command == "audit":
         return run_audit(args)
-    if args.command == "demo":
-        return run_demo(args)
-    if args.command == "chaos":
-        return run_chaos(args)
+    if args.command in ("demo", "chaos"):
+        try:
+            return run_demo(args) if args.command == "demo" else run_chaos(args)
+        except KeyboardInterrupt:  # the run's processes are stopped on the way out
+            print(f"sparkeos {args.command}: interrupted", file=sys.stderr)
+            return 130
     if args.command == "lag":
         return run_lag(args)
     if args.command == "sinks":

@@ -332,17 +332,14 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
             live.update(status_table(watch.state(report)))
         if watch.stalled:
             console.print(f"[red]the output stopped growing for {STALL_S} s short of what is expected[/]")
-        if report.timed_out:
-            console.print("[red]timed out waiting for the job to catch up[/]")
-        if report.gave_up:
-            console.print(f"[red]{report.gave_up}[/]", highlight=False, soft_wrap=True)
+        for problem in report.problems:  # the run's own: timed out, gave up, left pending, not audited
+            console.print(f"[red]{problem}[/]", highlight=False, soft_wrap=True)
         audit = report.audit
-        summary = {"expected": audit.output.expected, "delivered": audit.output.delivered,
-                   "missing": audit.output.missing, "duplicated": audit.output.duplicated,
-                   "unexpected": audit.output.unexpected,
-                   "dead_lettered": audit.dead_letter.delivered if audit.dead_letter else 0,
-                   "restarts": report.restarts, "seconds": report.seconds}
-        exact = (audit.exact and summary["expected"] == generated.valid
+        counts = ("expected", "delivered", "missing", "duplicated", "unexpected")
+        summary = {key: getattr(audit.output, key) if audit else None for key in counts}
+        summary.update(dead_lettered=(audit.dead_letter.delivered if audit.dead_letter else 0) if audit else None,
+                       restarts=report.restarts, seconds=report.seconds)
+        exact = (report.exact and summary["expected"] == generated.valid
                  and summary["dead_lettered"] == generated.corrupt)
         summary["exact"] = exact
         if names.prefix:
@@ -404,8 +401,8 @@ def final_table(summary: dict) -> Table:
     for column in ("expected", "delivered", "missing", "duplicated", "dead-lettered", "restarts", "result"):
         table.add_column(column, justify="right")
     result = "[green]exact[/]" if summary["exact"] else "[red]NOT exact[/]"
-    table.add_row(*(str(summary[k]) for k in ("expected", "delivered", "missing", "duplicated", "dead_lettered",
-                                               "restarts")), result)
+    table.add_row(*("-" if summary[k] is None else str(summary[k])
+                    for k in ("expected", "delivered", "missing", "duplicated", "dead_lettered", "restarts")), result)
     return table
 
 

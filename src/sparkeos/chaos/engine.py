@@ -233,6 +233,7 @@ class ChaosRun:
         self.recovering: list[tuple[Event, int | None]] = []  # faults whose recovery is not measured yet
         self._next_open_check = 0.0  # when a long downtime next asks the broker for open transactions
         self.layouts = 0  # relayouts so far
+        self.supervisor: Supervisor | None = None  # the job's driver, once it has one
         self.server_down: str | None = None  # a server of the sandbox that did not start again after its fault
         self.own_min_partitions: object = _UNREAD  # the job's own minPartitions, read at the first relayout
         self.report = ChaosReport(job=str(job_file), seed=settings.seed, faults_chosen=dict(settings.faults),
@@ -257,7 +258,7 @@ class ChaosRun:
             pool = ThreadPoolExecutor(1, thread_name_prefix="chaos-spark-cluster")
             starting = pool.submit(cluster.start, workers)
             pool.shutdown(wait=False)  # its one task runs on
-        supervisor = sandbox = watcher = None
+        sandbox = watcher = None
         try:
             # Read before anything starts: the cluster the job names may not answer.
             job = load_job(self.job_file)
@@ -291,8 +292,8 @@ class ChaosRun:
         finally:
             if watcher is not None:
                 watcher.stopping.set()
-            if supervisor is not None:
-                supervisor.kill_driver()
+            if self.supervisor is not None:  # whatever ended the run (an error, Ctrl-C): no driver outlives it
+                self.supervisor.kill_driver()
             if cluster is not None:
                 if starting is not None:
                     starting.exception()  # a cluster still starting is stopped once it has started
@@ -321,8 +322,8 @@ class ChaosRun:
                                             f"{job.source.get('kafka.bootstrap.servers')} (read only), fed over and "
                                             "over")
         env = {failpoints.ENV: str(self.failpoints), **settings.env}
-        supervisor = Supervisor(str(sandbox.job_path), master=master, env=env,
-                                log_file=self.workdir / "driver.log")
+        supervisor = self.supervisor = Supervisor(str(sandbox.job_path), master=master, env=env,
+                                                  log_file=self.workdir / "driver.log")
         sink = sink_data_source(sandbox.spec.sink.format)
         step, task_step = sink.half_committed_step, sink.task_transaction_step
         self.report.output_unit = sink.visible_output_unit
@@ -648,7 +649,7 @@ class ChaosRun:
                                   f"restarts after {supervisor.restarts}"
             self.event("gave-up", self.report.gave_up)
             return False
-        if "relayout" in schedule.due_now(time.monotonic()):
+        if schedule is not None and "relayout" in schedule.due_now(time.monotonic()):
             self._relayout(Path(supervisor.job_path), committed)
             schedule.done("relayout", time.monotonic())
         supervisor.restart(delay)
