@@ -390,7 +390,7 @@ class Watch:
         state = {"done": done, "input": "" if lag is None else done + lag, "lag": "" if lag is None else lag,
                  "restarts": report.restarts if not sample else sample.restarts,
                  "batches": "" if not sample or sample.batch is None else sample.batch,
-                 "elapsed": f"{report.samples[-1].at if sample else 0:.0f} s"}
+                 "elapsed": f"{sample.at if sample else 0:.0f} s"}
         if self.counts is not None:
             state["delivered"], state["dead"] = self.counts
         return state

@@ -406,16 +406,15 @@ class ChaosRun:
                     self._give_up_hold(schedule, aimed[0], task_step, now,
                                        f"no task reached {task_step} within {HOLD_WAIT_S} s")
                     aimed = None
-            if schedule is None and prepared is not None:
+            if schedule is None and (prepared is not None or committed is not None):
                 schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
                                     settings.seed, now)
-                self.event("faults", "from the driver's start until the job is done")
-            elif schedule is None and committed is not None:
-                schedule = Schedule({k: v for k, v in settings.faults.items() if k not in NETWORK_FAULTS},
-                                    settings.seed, now)
-                injectors = self._start_network_faults(sandbox, checkpoint)
-                faults_end = now + settings.fault_period_s
-                self.event("faults", f"from the first committed batch, for {settings.fault_period_s:.0f} s")
+                if prepared is not None:
+                    self.event("faults", "from the driver's start until the job is done")
+                else:
+                    injectors = self._start_network_faults(sandbox, checkpoint)
+                    faults_end = now + settings.fault_period_s
+                    self.event("faults", f"from the first committed batch, for {settings.fault_period_s:.0f} s")
             for kind in [k for k in injectors if now >= faults_end and self.report.injected.get(k)]:
                 self._stop_injector(injectors.pop(kind))
             if schedule is not None and not feeder.stopping.is_set() and input_may_end(
