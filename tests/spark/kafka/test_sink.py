@@ -497,6 +497,8 @@ RETRY_SCRIPT = textwrap.dedent(
 RETRY_FAILPOINTS = ("sink.after_commit", "sink.before_commit")
 
 
+# Spark's task retries and the fencing by a retry's InitProducerId are the same on every Kafka version.
+@pytest.mark.apache_kafka(newest_only=True)
 def test_retried_tasks_write_once_in_batch_and_streaming(broker, tmp_path):
     """A task that fails after (or before) its commit is retried by Spark in the same job: the retry
     fences the first attempt and, if that one committed, finds its marker and writes nothing. Both failpoints
