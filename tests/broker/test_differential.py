@@ -32,6 +32,7 @@ from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, end_offsets, read_
 from support import apache_kafka
 from support.crash import wait_until_stable
 from support.spark import create_topic, wait_for
+from support.wire import WireClient
 
 Observation = dict[str, object]
 
@@ -245,9 +246,47 @@ def a_record_too_large_for_the_topic(bootstrap: str) -> Observation:
     return {"delivery reports": reports}
 
 
+def topics_that_recompress(bootstrap: str) -> Observation:
+    """A topic whose compression.type names a codec holds its batches in that codec, whatever the producer sent;
+    `uncompressed` holds them uncompressed; the records, their order and a transactional producer's batches are kept.
+    And the values Kafka refuses."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    seen: dict[str, object] = {}
+    values = [f"value-{i}-{'abc' * 30}" for i in range(300)]
+    for target, sent in (("zstd", "none"), ("gzip", "lz4"), ("lz4", "none"), ("snappy", "zstd"),
+                         ("uncompressed", "gzip"), ("producer", "snappy")):
+        topic = create_topic(bootstrap, _name(f"codec-{target}"), 1, {"compression.type": target})
+        producer = _transactional(bootstrap, **{"compression.type": sent, "linger.ms": 20})
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value.encode(), key=value[:9].encode(), partition=0)
+        producer.commit_transaction(30)
+        producer.flush(30)
+        with WireClient(bootstrap) as wire:
+            data = [batch for batch in wire.log_batches(topic) if not batch.control]
+        described = admin.describe_configs([resource := ConfigResource(ResourceType.TOPIC, topic)])
+        seen[target] = {
+            "codecs": sorted({batch.codec for batch in data}),
+            "transactional": all(batch.transactional and batch.producer_id >= 0 for batch in data),
+            "values read": _read(bootstrap, topic, READ_COMMITTED) == list(enumerate(values)),
+            "described": described[resource].result(30)["compression.type"].value,
+        }
+    for name, config in (("unknown codec", {"compression.type": "brotli"}),
+                         ("gzip level", {"compression.gzip.level": "12"}),
+                         ("zstd level", {"compression.zstd.level": "30"}),
+                         ("lz4 level", {"compression.lz4.level": "0"})):
+        seen[f"create with bad {name}"] = _error_name(
+            lambda config=config: _one(admin.create_topics([NewTopic(_name("badcodec"), 1, config=config)])))
+    levels = create_topic(bootstrap, _name("levels"), 1, {"compression.type": "gzip", "compression.gzip.level": "9"})
+    described = admin.describe_configs([resource := ConfigResource(ResourceType.TOPIC, levels)])[resource].result(30)
+    seen["levels described"] = {key: (described[key].value, described[key].source) for key in (
+        "compression.gzip.level", "compression.lz4.level", "compression.zstd.level")}
+    return seen
+
+
 SCENARIOS = [transactions_with_aborts, open_transaction_holds_the_last_stable_offset, a_fenced_producer_cannot_commit,
              transactional_group_offsets_wait_for_the_commit, offsets_by_timestamp, admin_configs_and_errors,
-             a_record_too_large_for_the_topic]
+             a_record_too_large_for_the_topic, topics_that_recompress]
 
 
 @pytest.mark.parametrize("version", apache_kafka.tested_versions())

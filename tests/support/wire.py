@@ -183,7 +183,7 @@ class WireClient:
             while (batch := memory.next_batch()) is not None:
                 batches.append(LoggedBatch(
                     batch.base_offset, batch.is_transactional, batch.is_control_batch, batch.producer_id,
-                    batch.producer_epoch, [record.value for record in batch],
+                    batch.producer_epoch, [record.value for record in batch], batch.compression_type,
                 ))
                 position = batch.base_offset + batch.last_offset_delta + 1
         return batches
@@ -196,7 +196,8 @@ class WireClient:
                 FetchTopic.FetchPartition(partition=partition, fetch_offset=offset, partition_max_bytes=1 << 22)
             ])],
         )
-        answer = self.request(request, FetchResponse, 4).responses[0].partitions[0]
+        # v10 at least: Kafka refuses to send zstd batches to older fetches (UNSUPPORTED_COMPRESSION_TYPE).
+        answer = self.request(request, FetchResponse, 11).responses[0].partitions[0]
         if answer.error_code != 0:
             raise AssertionError(f"Fetch of {topic}-{partition} at {offset} failed with error {answer.error_code}")
         return bytes(answer.records or b"")
@@ -210,6 +211,7 @@ class LoggedBatch:
     producer_id: int
     producer_epoch: int
     values: list[bytes | None]
+    codec: int = 0  # the batch's compression: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd
 
 
 def produce_request(topic: str, partition: int, records: bytes, acks: int = -1) -> Any:

@@ -36,7 +36,10 @@ LIST = 7
 
 TOPIC_CONFIG_TYPES: dict[str, int] = {
     "cleanup.policy": LIST,
+    "compression.gzip.level": INT,
+    "compression.lz4.level": INT,
     "compression.type": STRING,
+    "compression.zstd.level": INT,
     "max.message.bytes": INT,
     "message.timestamp.type": STRING,
     "min.insync.replicas": INT,
@@ -50,7 +53,10 @@ TOPIC_CONFIG_TYPES: dict[str, int] = {
 # The broker config that supplies each topic config's default (Kafka's config synonyms).
 TOPIC_BROKER_SYNONYMS: dict[str, str] = {
     "cleanup.policy": "log.cleanup.policy",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
     "compression.type": "compression.type",
+    "compression.zstd.level": "compression.zstd.level",
     "max.message.bytes": "message.max.bytes",
     "message.timestamp.type": "log.message.timestamp.type",
     "min.insync.replicas": "min.insync.replicas",
@@ -149,6 +155,9 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         ("queued.max.request.bytes", str(config.queued_max_request_bytes), "-1", LONG),
         ("message.max.bytes", topic["max.message.bytes"], "1048588", INT),
         ("compression.type", topic["compression.type"], "producer", STRING),
+        ("compression.gzip.level", topic["compression.gzip.level"], "-1", INT),
+        ("compression.lz4.level", topic["compression.lz4.level"], "9", INT),
+        ("compression.zstd.level", topic["compression.zstd.level"], "3", INT),
         ("log.cleanup.policy", topic["cleanup.policy"], "delete", LIST),
         ("log.message.timestamp.type", topic["message.timestamp.type"], "CreateTime", STRING),
         ("log.retention.ms", topic["retention.ms"], "604800000", LONG),

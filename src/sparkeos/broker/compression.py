@@ -1,7 +1,10 @@
-"""Decompressing a produced batch's records, only to validate them: the batch is stored as received.
+"""Decompressing a produced batch's records to validate them, and compressing them again for a topic whose
+`compression.type` names another codec than the producer's.
 
 Kafka's codec ids: 1 gzip (any number of members), 2 snappy (raw, or in xerial's framing as the Java
-client writes it), 3 lz4 (frames), 4 zstd (frames).
+client writes it), 3 lz4 (frames), 4 zstd (frames). Compressed here as Kafka's broker compresses: gzip
+streams, snappy in xerial's framing with 32 KiB blocks, lz4 frames of independent 64 KiB blocks with no
+checksums but the header's (what Kafka's own lz4 reader takes), zstd frames.
 
 The output is bounded: a batch whose records decompress to more than `limit` bytes is refused with
 MESSAGE_TOO_LARGE before more than about that much has been produced, whatever the ratio. A stream
@@ -23,6 +26,10 @@ from .records import InvalidBatch
 
 GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
 CODEC_NAMES = {0: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
+# A topic's compression.type: the codec its batches are stored in, None for `producer` (as sent).
+TOPIC_CODECS = {"uncompressed": 0, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zstd": ZSTD, "producer": None}
+XERIAL_BLOCK_SIZE = 32 * 1024
+XERIAL_VERSION = 1
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 XERIAL_HEADER_SIZE = 16  # magic, then the version and the minimum compatible version (int32 each)
@@ -162,3 +169,26 @@ def decompress(codec: int, payload: bytes | memoryview, limit: int) -> bytes:
     out = _Output(limit)
     _DECOMPRESSORS[codec](bytes(payload), out)
     return out.join()
+
+
+def compress(codec: int, records: bytes | memoryview, level: int | None = None) -> bytes:
+    """`records` (a batch's records, uncompressed) compressed with `codec` (1-4) at `level` (the topic's
+    compression.<codec>.level; None for the codec's default)."""
+    data = bytes(records)
+    if codec == GZIP:
+        stream = zlib.compressobj(-1 if level is None else level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        return stream.compress(data) + stream.flush()
+    if codec == SNAPPY:
+        header = XERIAL_MAGIC + XERIAL_VERSION.to_bytes(4, "big") + XERIAL_VERSION.to_bytes(4, "big")
+        blocks = [header]
+        for start in range(0, len(data), XERIAL_BLOCK_SIZE):
+            block = _snappy.compress(data[start : start + XERIAL_BLOCK_SIZE])
+            blocks += [len(block).to_bytes(4, "big"), block]
+        return b"".join(blocks)
+    if codec == LZ4:
+        return _lz4.compress(data, compression_level=9 if level is None else level,
+                             block_size=_lz4.BLOCKSIZE_MAX64KB, block_linked=False, content_checksum=False,
+                             block_checksum=False, store_size=False)
+    if codec == ZSTD:
+        return _zstd.ZstdCompressor(level=3 if level is None else level).compress(data)
+    raise ValueError(f"unknown codec {codec}")

@@ -35,11 +35,13 @@ MIN_RECORD_SIZE = 7
 
 
 def validate_records(header: BatchHeader, batch: memoryview, compacted: bool, max_uncompressed_bytes: int,
-                     partition_name: str) -> None:
-    """Raise InvalidBatch unless every record of `batch` (a whole batch whose header is valid) can be read."""
+                     partition_name: str) -> bytes | memoryview:
+    """Raise InvalidBatch unless every record of `batch` (a whole batch whose header is valid) can be read; return
+    the records, uncompressed."""
     codec = header.compression
     count = header.records_count
     if codec == 0:
+        records: bytes | memoryview = batch[HEADER_SIZE:]
         keyless = _walk(batch, HEADER_SIZE, len(batch), count, compacted)
     else:
         if codec not in CODEC_NAMES:
@@ -56,6 +58,7 @@ def validate_records(header: BatchHeader, batch: memoryview, compacted: bool, ma
             f"showing the first three errors at most: [{shown}]",
             record_errors=[(index, message) for index in keyless],
         )
+    return records
 
 
 def _invalid(message: str) -> InvalidBatch:

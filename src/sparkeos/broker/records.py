@@ -1,8 +1,9 @@
 """Record batches (magic 2) as bytes: header fields, validation, and the broker's rewrites.
 
-The broker stores batches exactly as the producer sent them. The only bytes it rewrites are
-those Kafka's broker rewrites: baseOffset, partitionLeaderEpoch, and for LogAppendTime
-topics maxTimestamp plus the timestamp-type bit (which changes the CRC).
+The broker stores batches as the producer sent them. The only bytes it rewrites are those Kafka's
+broker rewrites: baseOffset, partitionLeaderEpoch, for LogAppendTime topics maxTimestamp plus the
+timestamp-type bit (which changes the CRC), and the records of a batch whose codec is not the one
+its topic's compression.type names (recompressed, with the attributes, length and CRC that go with them).
 """
 
 from __future__ import annotations
@@ -129,6 +130,19 @@ def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memory
     if not batches:
         raise InvalidBatch(CORRUPT_MESSAGE, "no record batch in the request")
     return batches
+
+
+def with_records(batch: bytes | memoryview, codec: int, records: bytes) -> bytearray:
+    """`batch` with its records replaced by `records` (compressed with `codec`, 0 for none): the same header
+    fields (offsets, timestamps, producer, sequence, count), its compression bits, length and CRC rewritten."""
+    out = bytearray(HEADER_SIZE + len(records))
+    out[:HEADER_SIZE] = batch[:HEADER_SIZE]
+    out[HEADER_SIZE:] = records
+    _INT32.pack_into(out, 8, len(out) - LOG_OVERHEAD)
+    attributes = struct.unpack_from(">h", out, 21)[0] & ~ATTR_COMPRESSION_MASK | codec
+    struct.pack_into(">h", out, 21, attributes)
+    struct.pack_into(">I", out, 17, crc32c.crc32c(memoryview(out)[21:]))
+    return out
 
 
 def stamp_batch(

@@ -11,6 +11,8 @@ import java.util.Set;
 import java.util.UUID;
 import java.util.concurrent.Future;
 
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -20,6 +22,7 @@ import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.TopicConfig;
 import org.apache.kafka.common.errors.InvalidProducerEpochException;
 import org.apache.kafka.common.errors.ProducerFencedException;
 import org.apache.kafka.common.header.Header;
@@ -164,6 +167,26 @@ public final class KafkaCheck {
         }
         expectValues(readToEnd("read_uncommitted", List.of(new TopicPartition(topic, 0))), expected,
                 "compressed batches read back");
+        // Topics whose compression.type names a codec: the broker recompresses what the producer sent.
+        try (Admin admin = Admin.create(common())) {
+            for (String codec : List.of("gzip", "snappy", "lz4", "zstd")) {
+                String recompressed = "java-recodec-" + codec + "-" + suffix;
+                admin.createTopics(List.of(new NewTopic(recompressed, 1, (short) 1)
+                        .configs(Map.of(TopicConfig.COMPRESSION_TYPE_CONFIG, codec)))).all().get();
+                List<String> sent = new ArrayList<>();
+                try (KafkaProducer<String, String> producer = producer(Map.of(
+                        ProducerConfig.COMPRESSION_TYPE_CONFIG, "none", ProducerConfig.LINGER_MS_CONFIG, "20"))) {
+                    for (int i = 0; i < 50; i++) {
+                        String value = "sent uncompressed to " + codec + "-" + i + "-" + "y".repeat(100);
+                        producer.send(new ProducerRecord<>(recompressed, 0, null, value));
+                        sent.add(value);
+                    }
+                    producer.flush();
+                }
+                expectValues(readToEnd("read_uncommitted", List.of(new TopicPartition(recompressed, 0))), sent,
+                        "batches recompressed with " + codec + " read back");
+            }
+        }
     }
 
     /** Commit and abort across two topics; the LSO holds read_committed readers back while a transaction is open. */

@@ -11,9 +11,9 @@ Leaves out:
 - message formats v0 and v1 (magic 0 and 1), the only ones clients of Produce v0-v2 send: every
   partition must hold exactly one magic-2 batch;
 - `timeout_ms`: with one replica there is nothing to wait for but the fsync of acks=-1;
-- recompression: batches are stored as received, so a topic's `compression.type` can only be
-  `producer`, and a batch whose record offset deltas are not 0, 1, 2... is refused where Kafka would
-  rewrite it;
+- rewriting a batch's records: a batch whose record offset deltas are not 0, 1, 2... is refused
+  where Kafka would rewrite it (a batch is recompressed, as Kafka does, only when its codec is not
+  the one its topic's `compression.type` names);
 - record timestamp checks (`message.timestamp.before.max.ms` / `after.max.ms` are not topic configs
   here): every timestamp is accepted.
 """

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..compression import TOPIC_CODECS, compress
 from ..errors import INVALID_RECORD, MESSAGE_TOO_LARGE, OFFSET_OUT_OF_RANGE
 from ..leader_epoch import LEADER_EPOCH
 from ..record_validation import validate_records
@@ -27,6 +28,7 @@ from ..records import (
     parse_header,
     split_batches,
     stamp_batch,
+    with_records,
 )
 from .files import fsync_directory
 from .journal import Journal
@@ -50,6 +52,8 @@ class LogConfig:
     log_append_time: bool = False
     max_message_bytes: int = 1048588
     compacted: bool = False  # cleanup.policy has compact: every produced record needs a key
+    compression: str = "producer"  # the topic's compression.type
+    compression_level: int | None = None  # its compression.<codec>.level; None: the codec's default
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,19 +231,23 @@ class PartitionLog:
         batches = split_batches(records)
         if len(batches) != 1:
             raise InvalidBatch(INVALID_RECORD, "a produce request must hold exactly one record batch per partition")
-        for header, batch in batches:
-            validate_records(header, batch, self.config.compacted, max_uncompressed_bytes, self.directory.name)
+        (header, batch), = batches
+        uncompressed = validate_records(header, batch, self.config.compacted, max_uncompressed_bytes,
+                                        self.directory.name)
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        first = batches[0][0]
-        if first.producer_id >= 0:
-            duplicate_offset = self.producers.check(first)
+        if header.producer_id >= 0:
+            duplicate_offset = self.producers.check(header)
             if duplicate_offset is not None:
-                return AppendResult(duplicate_offset, duplicate_offset + first.last_offset_delta, -1, True, [])
-        for header, _ in batches:
-            if header.batch_length + 12 > self.config.max_message_bytes:
-                raise InvalidBatch(MESSAGE_TOO_LARGE, "record batch is larger than max.message.bytes")
+                return AppendResult(duplicate_offset, duplicate_offset + header.last_offset_delta, -1, True, [])
+        codec = TOPIC_CODECS[self.config.compression]
+        stored: bytes | memoryview | bytearray = batch
+        if codec is not None and codec != header.compression:
+            stored = with_records(batch, codec, compress(codec, uncompressed, self.config.compression_level)
+                                  if codec else bytes(uncompressed))
+        if len(stored) > self.config.max_message_bytes:
+            raise InvalidBatch(MESSAGE_TOO_LARGE, "record batch is larger than max.message.bytes")
         append_time = now_ms if self.config.log_append_time else None
-        return self.append_batches([b for _, b in batches], append_time, now_ms)
+        return self.append_batches([stored], append_time, now_ms)
 
     def append_batches(
         self, batches: list[memoryview | bytes], append_time: int | None, now_ms: int

@@ -25,7 +25,10 @@ _LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 # Topic configs the broker understands, with Kafka's defaults.
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "cleanup.policy": "delete",
+    "compression.gzip.level": "-1",
+    "compression.lz4.level": "9",
     "compression.type": "producer",
+    "compression.zstd.level": "3",
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
     "min.insync.replicas": "1",
@@ -34,6 +37,16 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "segment.bytes": "1073741824",
     "segment.ms": "604800000",
     "unclean.leader.election.enable": "false",
+}
+
+
+# Kafka's values of compression.type, in the order its error message lists them.
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+# Each codec's level config: the range Kafka accepts and its default (KIP-390).
+COMPRESSION_LEVELS = {
+    "compression.gzip.level": (1, 9, -1),
+    "compression.lz4.level": (1, 17, 9),
+    "compression.zstd.level": (-131072, 22, 3),
 }
 
 
@@ -62,7 +75,7 @@ def validate_configs(configs: dict[str, str]) -> None:
         if key not in TOPIC_CONFIG_DEFAULTS:
             raise InvalidConfig(f"unknown topic config '{key}'")
         if key in ("max.message.bytes", "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
-                   "min.insync.replicas"):
+                   "min.insync.replicas", *COMPRESSION_LEVELS):
             try:
                 int(value)
             except (TypeError, ValueError):
@@ -71,9 +84,15 @@ def validate_configs(configs: dict[str, str]) -> None:
             raise InvalidConfig("topic config 'segment.bytes' must be at least 14")
         if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
             raise InvalidConfig("topic config 'message.timestamp.type' must be CreateTime or LogAppendTime")
-        if key == "compression.type" and value != "producer":
-            # The broker stores batches as received; recompressing would rewrite them.
-            raise InvalidConfig("topic config 'compression.type' supports only 'producer'")
+        if key == "compression.type" and value not in COMPRESSION_TYPES:
+            raise InvalidConfig(f"Invalid value {value} for configuration compression.type: String must be one of: "
+                                f"{', '.join(COMPRESSION_TYPES)}")
+        if key in COMPRESSION_LEVELS:
+            low, high, default = COMPRESSION_LEVELS[key]
+            if not (low <= int(value) <= high or int(value) == default):
+                also = f" or equal to {default}" if not low <= default <= high else ""
+                raise InvalidConfig(f"Invalid value {value} for configuration {key}: Value must be between {low} "
+                                    f"and {high}{also}")
         if key == "cleanup.policy" and value not in ("delete", "compact", "compact,delete", "delete,compact"):
             raise InvalidConfig(f"topic config 'cleanup.policy' has an invalid value {value!r}")
         if key == "min.insync.replicas" and int(value) != 1:
@@ -95,6 +114,9 @@ def log_config(configs: dict[str, str]) -> LogConfig:
         log_append_time=get("message.timestamp.type") == "LogAppendTime",
         max_message_bytes=int(get("max.message.bytes")),
         compacted="compact" in policies,
+        compression=get("compression.type"),
+        compression_level={"gzip": int(get("compression.gzip.level")), "lz4": int(get("compression.lz4.level")),
+                           "zstd": int(get("compression.zstd.level"))}.get(get("compression.type")),
     )
 
 
