@@ -262,7 +262,7 @@ STRAGGLER_SCRIPT = textwrap.dedent(
     from pathlib import Path
 
     import sparkeos.spark
-    from sparkeos.spark import failpoints
+    from sparkeos import failpoints
     from support.spark import wait_tasks_ended
     format_name, options, hold = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     # Spark kills the Python worker of a cancelled task after killTimeout: raised, so that the held task outlives
@@ -300,7 +300,7 @@ def test_a_task_that_pre_commits_after_a_failed_batch_writes_abort_aborts_itself
     import sys
     from pathlib import Path
 
-    from sparkeos.spark import failpoints
+    from sparkeos import failpoints
     from sparkeos.spark.files.datasource import FilesDataSource
     from sparkeos.spark.postgres.datasource import PostgresDataSource
 

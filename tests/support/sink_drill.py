@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkeos.spark import failpoints
+from sparkeos import failpoints
 from sparkeos.verify import assert_exactly_once
 from support.crash import (
     STARTUP_TIMEOUT_S,
@@ -70,7 +70,7 @@ class Kill:
 @dataclass
 class AimedKill:
     """Kill just after ``found()`` gained an element, once the run committed a batch; or, with ``hold_at``, while the
-    driver is held at that step of the sink's protocol (sparkeos.spark.failpoints): for a moment that polling misses
+    driver is held at that step of the sink's protocol (sparkeos.failpoints): for a moment that polling misses
     when the driver goes on faster than a poll (a batch decided, then committed and logged within milliseconds on a
     loaded machine)."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sparkeos.spark import failpoints
+from sparkeos import failpoints
 from sparkeos.verify import end_offsets
 
 FAILPOINT_DIR = Path(os.environ.setdefault("SPARKEOS_FAILPOINT_DIR", f"/tmp/sparkeos-failpoints-{os.getpid()}"))
@@ -54,7 +54,7 @@ def arm_failpoint(name: str) -> Path:
 
 
 def arm_hold(name: str) -> set[Path]:
-    """Make the next process that reaches failpoint `name` stop there (sparkeos.spark.failpoints); returns the
+    """Make the next process that reaches failpoint `name` stop there (sparkeos.failpoints); returns the
     holds taken so far, for `wait_held`."""
     return failpoints.arm_hold(FAILPOINT_DIR, name)
 

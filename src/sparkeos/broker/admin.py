@@ -32,6 +32,7 @@ STRING = 2
 INT = 3
 SHORT = 4
 LONG = 5
+DOUBLE = 6
 LIST = 7
 
 TOPIC_CONFIG_TYPES: dict[str, int] = {
@@ -40,8 +41,12 @@ TOPIC_CONFIG_TYPES: dict[str, int] = {
     "compression.lz4.level": INT,
     "compression.type": STRING,
     "compression.zstd.level": INT,
+    "delete.retention.ms": LONG,
+    "max.compaction.lag.ms": LONG,
     "max.message.bytes": INT,
     "message.timestamp.type": STRING,
+    "min.cleanable.dirty.ratio": DOUBLE,
+    "min.compaction.lag.ms": LONG,
     "min.insync.replicas": INT,
     "retention.bytes": LONG,
     "retention.ms": LONG,
@@ -57,6 +62,10 @@ TOPIC_BROKER_SYNONYMS: dict[str, str] = {
     "compression.lz4.level": "compression.lz4.level",
     "compression.type": "compression.type",
     "compression.zstd.level": "compression.zstd.level",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "max.message.bytes": "message.max.bytes",
     "message.timestamp.type": "log.message.timestamp.type",
     "min.insync.replicas": "min.insync.replicas",
@@ -159,6 +168,10 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         ("compression.lz4.level", topic["compression.lz4.level"], "9", INT),
         ("compression.zstd.level", topic["compression.zstd.level"], "3", INT),
         ("log.cleanup.policy", topic["cleanup.policy"], "delete", LIST),
+        ("log.cleaner.delete.retention.ms", topic["delete.retention.ms"], "86400000", LONG),
+        ("log.cleaner.max.compaction.lag.ms", topic["max.compaction.lag.ms"], "9223372036854775807", LONG),
+        ("log.cleaner.min.cleanable.ratio", topic["min.cleanable.dirty.ratio"], "0.5", DOUBLE),
+        ("log.cleaner.min.compaction.lag.ms", topic["min.compaction.lag.ms"], "0", LONG),
         ("log.message.timestamp.type", topic["message.timestamp.type"], "CreateTime", STRING),
         ("log.retention.ms", topic["retention.ms"], "604800000", LONG),
         ("log.retention.bytes", topic["retention.bytes"], "-1", LONG),

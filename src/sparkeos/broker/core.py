@@ -20,6 +20,7 @@ from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
 from .errors import INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE
 from .records import HEADER_SIZE, InvalidBatch, parse_header
+from .storage import cleaner
 from .storage.log import AbortedTransaction, PartitionLog
 from .storage.topics import InvalidTopic, Topic, TopicStore, validate_topic_name
 
@@ -28,6 +29,8 @@ log = logging.getLogger("sparkeos.broker")
 NODE_ID = 0
 CLUSTER_ID = "sparkeos-embedded-cluster"
 HOUSEKEEPING_INTERVAL_S = 1.0
+# How long the log cleaner waits when no partition needs cleaning (Kafka's log.cleaner.backoff.ms).
+CLEANER_BACKOFF_S = 1.0
 
 
 @dataclass
@@ -81,6 +84,9 @@ class Broker:
         self._synced_to: weakref.WeakKeyDictionary[PartitionLog, int] = weakref.WeakKeyDictionary()
         self._sync_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
         self._housekeeping: asyncio.Task | None = None
+        self._cleaning: asyncio.Task | None = None
+        # One cleaner thread, as Kafka's log.cleaner.threads: it writes cleaned segments, the event loop swaps them.
+        self._cleaner_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-cleaner")
         # Transactions a crash left between their decision and their markers end now.
         self.transactions.recover(int(time.time() * 1000))
 
@@ -232,6 +238,29 @@ class Broker:
 
     def start_background(self) -> None:
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
+        self._cleaning = asyncio.get_running_loop().create_task(self._clean())
+
+    async def _clean(self) -> None:
+        """The log cleaner: one compaction pass at a time, over the partitions of compacted topics that are dirty
+        enough (storage/cleaner.py)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(CLEANER_BACKOFF_S)
+            for topic in list(self.store.topics.values()):
+                for index, partition_log in enumerate(list(topic.partitions)):
+                    try:
+                        plan = partition_log.plan_cleaning(int(time.time() * 1000))
+                        if plan is None:
+                            continue
+                        await loop.run_in_executor(self._cleaner_pool, cleaner.write, plan)
+                        if self.store.partition(topic.name, index) is not partition_log:  # deleted meanwhile
+                            for path in plan.cleaned:
+                                path.unlink(missing_ok=True)
+                        elif partition_log.finish_cleaning(plan):
+                            log.info("cleaned %s-%d: %d records removed, %d -> %d bytes", topic.name, index,
+                                     plan.records_removed, plan.bytes_before, plan.bytes_after)
+                    except Exception:  # the cleaner must never stop serving
+                        log.exception("cleaning %s-%d failed", topic.name, index)
 
     async def _housekeep(self) -> None:
         interval_sync = self.config.fsync == "interval"
@@ -259,12 +288,14 @@ class Broker:
         await loop.run_in_executor(self._sync_pool, lambda: [p.sync() for p in logs])
 
     async def close(self) -> None:
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            try:
-                await self._housekeeping
-            except asyncio.CancelledError:
-                pass
+        for task in (self._housekeeping, self._cleaning):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        self._cleaner_pool.shutdown(wait=True)
         await self.transactions.wait_all_completed()
         self._sync_pool.shutdown(wait=True)
         self.groups.close()

@@ -132,13 +132,16 @@ def split_batches(records: bytes | memoryview) -> list[tuple[BatchHeader, memory
     return batches
 
 
-def with_records(batch: bytes | memoryview, codec: int, records: bytes) -> bytearray:
+def with_records(batch: bytes | memoryview, codec: int, records: bytes, count: int | None = None) -> bytearray:
     """`batch` with its records replaced by `records` (compressed with `codec`, 0 for none): the same header
-    fields (offsets, timestamps, producer, sequence, count), its compression bits, length and CRC rewritten."""
+    fields (offsets, last offset delta, timestamps, producer, sequence), its compression bits, length and CRC
+    rewritten, and its record count when `count` is given (compaction keeps some of the records)."""
     out = bytearray(HEADER_SIZE + len(records))
     out[:HEADER_SIZE] = batch[:HEADER_SIZE]
     out[HEADER_SIZE:] = records
     _INT32.pack_into(out, 8, len(out) - LOG_OVERHEAD)
+    if count is not None:
+        _INT32.pack_into(out, 57, count)
     attributes = struct.unpack_from(">h", out, 21)[0] & ~ATTR_COMPRESSION_MASK | codec
     struct.pack_into(">h", out, 21, attributes)
     struct.pack_into(">I", out, 17, crc32c.crc32c(memoryview(out)[21:]))

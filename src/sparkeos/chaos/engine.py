@@ -36,11 +36,12 @@ from pathlib import Path
 import yaml
 from confluent_kafka import KafkaException, Producer
 
+from .. import failpoints
 from ..jobs.audit import AuditReport, audit_in_this_process
 from ..jobs.runner import Supervisor
 from ..jobs.spec import JobSpec, load_job
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
-from ..spark import failpoints, sink_data_source
+from ..spark import sink_data_source
 from ..verify import read_values
 from .cluster import StandaloneCluster, executor_of
 from .faults import (

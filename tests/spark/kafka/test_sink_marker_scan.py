@@ -5,16 +5,18 @@ how long a scan takes is measured by benchmarks/pipeline.py, not asserted here."
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
 
 from sparkeos.spark.kafka.options import parse_sink_options
-from sparkeos.spark.kafka.sink.markers import marker_partition
+from sparkeos.spark.kafka.sink.markers import MARKER_PARTITIONS, MARKER_TOPIC_CONFIG, marker_partition
 from sparkeos.spark.kafka.sink.protocol import _TransactionalWriter
 from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
 from support.spark import commit_sink_batch as _commit_batch
+from support.spark import wait_for
 
 
 def test_last_committed_batch_is_found_by_scanning_markers_among_other_ids_and_control_records(broker, topic_name):
@@ -182,3 +184,46 @@ def test_a_commit_sends_what_lingers_at_once(broker, topic_name):
         assert writer.last_committed_batch("query") == 0
     finally:
         writer.close()
+
+
+def test_a_marker_topic_stays_bounded_as_the_broker_compacts_it_and_the_last_commit_is_still_found(
+        broker, topic_name):
+    """The marker topic as the sink creates it (compacted, 8 partitions), with small segments and no delete
+    retention so that the broker's cleaner works within the test: after hundreds of commits it holds about one
+    segment per partition, however many more commits follow, and the last committed batch of each id is still found
+    in the marker records once the group offsets are gone."""
+    bootstrap = broker.bootstrap_servers
+    markers = f"{topic_name}-markers"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {**MARKER_TOPIC_CONFIG, "segment.bytes": "4096", "delete.retention.ms": "0"}
+    admin.create_topics([NewTopic(markers, MARKER_PARTITIONS, config=config)])[markers].result(30)
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": topic_name,
+                                  "commitMarkerTopic": markers})
+    partitions = prepare_exactly_once(options)
+    writers = [_TransactionalWriter(options, f"bounded-{n}", "query", partitions) for n in range(2)]
+    directories = [Path(broker.config.data_dir) / "topics" / f"{markers}-{p}" for p in range(MARKER_PARTITIONS)]
+
+    def on_disk() -> int:
+        return sum(f.stat().st_size for d in directories for f in d.glob("*.log"))
+
+    # What the cleaner leaves once it caught up: under one segment per marker partition in use, plus the producers'
+    # last batches.
+    bound = len({w.marker.partition for w in writers}) * 2 * 4096
+    sizes = []
+    try:
+        batch = 0
+        for _ in range(3):
+            for _ in range(150):
+                batch += 1
+                for writer in writers:
+                    _commit_batch(writer, batch)
+            sizes.append(wait_for(lambda: (size := on_disk()) <= bound and size, timeout_s=60,
+                                  what=f"the marker topic to be compacted below {bound} bytes (now {on_disk()})"))
+        for writer in writers:
+            admin.delete_consumer_groups([writer.marker_key])[writer.marker_key].result(30)
+            assert writer.last_committed_batch("query") == batch
+    finally:
+        for writer in writers:
+            writer.close()
+    # 900 commits wrote several times the bound.
+    assert all(size <= bound for size in sizes), sizes

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import failpoints
 from ..compression import TOPIC_CODECS, compress
 from ..errors import INVALID_RECORD, MESSAGE_TOO_LARGE, OFFSET_OUT_OF_RANGE
 from ..leader_epoch import LEADER_EPOCH
@@ -30,6 +31,8 @@ from ..records import (
     stamp_batch,
     with_records,
 )
+from . import cleaner
+from .cleaner import CompactionConfig
 from .files import fsync_directory
 from .journal import Journal
 from .producer_state import ProducerStateTable
@@ -52,6 +55,8 @@ class LogConfig:
     log_append_time: bool = False
     max_message_bytes: int = 1048588
     compacted: bool = False  # cleanup.policy has compact: every produced record needs a key
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
     compression: str = "producer"  # the topic's compression.type
     compression_level: int | None = None  # its compression.<codec>.level; None: the codec's default
 
@@ -84,6 +89,9 @@ class PartitionLog:
         self.producers = ProducerStateTable()
         self.log_start_offset = 0
         self.aborted: list[AbortedTransaction] = []
+        self.cleaned_upto = 0  # the offset below which the cleaner has compacted the log
+        # When tombstones or markers the last pass kept may go; after a restart, a pass is due at once.
+        self.next_cleaning_ms: int | None = None
         directory.mkdir(parents=True, exist_ok=True)
         self._aborted_index = Journal(directory / ABORTED_INDEX_FILE)
         self._open()
@@ -94,6 +102,9 @@ class PartitionLog:
         clean_marker = self.directory / CLEAN_SHUTDOWN_FILE
         clean = clean_marker.exists()
         clean_marker.unlink(missing_ok=True)
+        cleaner.remove_leftovers(self.directory)
+        self.cleaned_upto = cleaner.read_checkpoint(self.directory)
+        self.next_cleaning_ms = 0 if self.cleaned_upto else None
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log"))
         if not bases:
             bases = [self._read_log_start()]
@@ -253,7 +264,7 @@ class PartitionLog:
         self, batches: list[memoryview | bytes], append_time: int | None, now_ms: int
     ) -> AppendResult:
         """Assign offsets and write; used for producer batches and broker-written markers."""
-        self._maybe_roll(sum(len(b) for b in batches))
+        self._maybe_roll(sum(len(b) for b in batches), now_ms)
         next_offset = self.log_end_offset
         stamped: list[memoryview | bytearray] = []
         headers: list[BatchHeader] = []
@@ -263,6 +274,8 @@ class PartitionLog:
             stamped.append(out)
             headers.append(header)
             next_offset = header.next_offset
+        if self.segments[-1].size == 0:
+            self.segments[-1].first_append_ms = now_ms
         self.segments[-1].append(stamped, headers)
         for header in headers:
             if header.producer_id >= 0:
@@ -275,11 +288,13 @@ class PartitionLog:
             headers,
         )
 
-    def _maybe_roll(self, incoming: int) -> None:
+    def _maybe_roll(self, incoming: int, now_ms: int) -> None:
         active = self.segments[-1]
-        if active.size == 0 or active.size + incoming <= self.config.segment_bytes:
+        if active.size == 0:
             return
-        self.roll()
+        if (active.size + incoming > self.config.segment_bytes
+                or now_ms - active.first_append_ms > self.config.segment_ms):
+            self.roll()
 
     def roll(self) -> None:
         active = self.segments[-1]
@@ -428,6 +443,60 @@ class PartitionLog:
         )
         too_big = config.retention_bytes >= 0 and self.size_bytes - segment.size >= config.retention_bytes
         return too_old or too_big
+
+    # -- compaction --------------------------------------------------------------------------
+
+    def plan_cleaning(self, now_ms: int) -> cleaner.Plan | None:
+        """A compaction pass over the closed segments below the first uncleanable offset, if they are dirty enough
+        (storage/cleaner.py); None otherwise, or when the topic is not compacted."""
+        config = self.config.compaction
+        if not self.config.compacted:
+            return None
+        uncleanable = min(self.last_stable_offset, self.segments[-1].base_offset)
+        cleanable: list[Segment] = []
+        for segment in self.segments[:-1]:
+            if segment.next_offset > uncleanable or (
+                    segment.max_timestamp >= 0 and now_ms - segment.max_timestamp < config.min_compaction_lag_ms):
+                break
+            cleanable.append(segment)
+        if not cleaner.dirty_enough(cleanable, self.cleaned_upto, now_ms, config, self.next_cleaning_ms):
+            return None
+        return cleaner.Plan(
+            [cleaner.SegmentToClean(s, s.path, s.base_offset, s.size, os.fstat(s.fd).st_mtime_ns // 1_000_000)
+             for s in cleanable],
+            [(a.producer_id, a.first_offset, a.last_offset) for a in self.aborted],
+            frozenset(e.batches[-1].base_offset for e in self.producers.producers.values() if e.batches),
+            now_ms, config)
+
+    def finish_cleaning(self, plan: cleaner.Plan) -> bool:
+        """Put the segments `plan` cleaned in place of the log's, if they are still its own and unchanged; False
+        (and the cleaned files removed) if not."""
+        current = {id(s): s for s in self.segments[:-1]}
+        if any(current.get(id(item.segment)) is not item.segment or item.segment.size != item.size
+               for item in plan.segments):
+            for path in plan.cleaned:
+                path.unlink(missing_ok=True)
+            return False
+        failpoints.fire(cleaner.STEP_WRITTEN)
+        if plan.removed_abort_markers:
+            # The index entries first: a reader told of an aborted transaction must find its marker.
+            self.aborted = [a for a in self.aborted
+                            if (a.producer_id, a.last_offset) not in plan.removed_abort_markers]
+            self._aborted_index.rewrite(
+                [{"pid": a.producer_id, "first": a.first_offset, "last": a.last_offset} for a in self.aborted])
+            failpoints.fire(cleaner.STEP_INDEX_REWRITTEN)
+        for item, cleaned in zip(plan.segments, plan.cleaned, strict=True):
+            item.segment.close()
+            os.replace(cleaned, item.path)
+            replacement = Segment(item.path, item.base_offset)
+            replacement.recover(verify_crc=False)
+            self.segments[self.segments.index(item.segment)] = replacement
+            failpoints.fire(cleaner.STEP_SEGMENT_SWAPPED)
+        fsync_directory(self.directory)
+        self.cleaned_upto = plan.segments[-1].segment.next_offset
+        self.next_cleaning_ms = plan.next_pass_ms
+        cleaner.write_checkpoint(self.directory, self.cleaned_upto)
+        return True
 
     # -- closing -----------------------------------------------------------------------------
 

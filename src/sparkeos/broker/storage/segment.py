@@ -25,6 +25,10 @@ class Segment:
         self.size = 0
         self.next_offset = base_offset
         self.max_timestamp = -1
+        # When the segment got its first batch (for a segment opened again, when it was last written): segment.ms
+        # counts from it. Kafka counts from the first batch's timestamp, so that a producer's old timestamps roll
+        # a segment per batch.
+        self.first_append_ms = -1
         # The first data (non-control) batch holding the segment's largest data timestamp.
         self.max_data_timestamp = -1
         self.max_data_timestamp_position = -1
@@ -65,6 +69,8 @@ class Segment:
             os.ftruncate(self.fd, position)
             os.fsync(self.fd)
         self.size = position
+        if position:
+            self.first_append_ms = os.fstat(self.fd).st_mtime_ns // 1_000_000
         return headers
 
     # -- writing -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import INVALID_CONFIG, INVALID_TOPIC_EXCEPTION
+from .cleaner import CompactionConfig
 from .files import fsync_directory
 from .log import LogConfig, PartitionLog
 
@@ -29,8 +30,12 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "compression.lz4.level": "9",
     "compression.type": "producer",
     "compression.zstd.level": "3",
+    "delete.retention.ms": "86400000",
+    "max.compaction.lag.ms": "9223372036854775807",
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
     "min.insync.replicas": "1",
     "retention.bytes": "-1",
     "retention.ms": "604800000",
@@ -75,11 +80,23 @@ def validate_configs(configs: dict[str, str]) -> None:
         if key not in TOPIC_CONFIG_DEFAULTS:
             raise InvalidConfig(f"unknown topic config '{key}'")
         if key in ("max.message.bytes", "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
-                   "min.insync.replicas", *COMPRESSION_LEVELS):
+                   "min.insync.replicas", "delete.retention.ms", "min.compaction.lag.ms", "max.compaction.lag.ms",
+                   *COMPRESSION_LEVELS):
             try:
                 int(value)
             except (TypeError, ValueError):
                 raise InvalidConfig(f"topic config '{key}' must be an integer, got {value!r}") from None
+        if key in ("delete.retention.ms", "min.compaction.lag.ms") and int(value) < 0:
+            raise InvalidConfig(f"Invalid value {value} for configuration {key}: Value must be at least 0")
+        if key == "max.compaction.lag.ms" and int(value) < 1:
+            raise InvalidConfig(f"Invalid value {value} for configuration {key}: Value must be at least 1")
+        if key == "min.cleanable.dirty.ratio":
+            try:
+                ratio = float(value)
+            except (TypeError, ValueError):
+                raise InvalidConfig(f"topic config '{key}' must be a number, got {value!r}") from None
+            if not 0 <= ratio <= 1:
+                raise InvalidConfig(f"Invalid value {value} for configuration {key}: Value must be between 0 and 1")
         if key == "segment.bytes" and int(value) < 14:
             raise InvalidConfig("topic config 'segment.bytes' must be at least 14")
         if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
@@ -97,14 +114,19 @@ def validate_configs(configs: dict[str, str]) -> None:
             raise InvalidConfig(f"topic config 'cleanup.policy' has an invalid value {value!r}")
         if key == "min.insync.replicas" and int(value) != 1:
             raise InvalidConfig("topic config 'min.insync.replicas' must be 1 on a single-node broker")
+    merged = {**TOPIC_CONFIG_DEFAULTS, **configs}
+    if int(merged["max.compaction.lag.ms"]) < int(merged["min.compaction.lag.ms"]):
+        raise InvalidConfig("conflict topic config setting max.compaction.lag.ms "
+                            f"({merged['max.compaction.lag.ms']}) < min.compaction.lag.ms "
+                            f"({merged['min.compaction.lag.ms']})")
 
 
 def log_config(configs: dict[str, str]) -> LogConfig:
     def get(key: str) -> str:
         return configs.get(key, TOPIC_CONFIG_DEFAULTS[key])
 
-    # As in Kafka, retention deletes segments only under the delete policy. A compact-only topic keeps
-    # everything here (there is no compaction): more than Kafka keeps, never less.
+    # As in Kafka, retention deletes segments only under the delete policy, and the cleaner compacts only under
+    # the compact policy.
     policies = get("cleanup.policy").split(",")
     deletes = "delete" in policies
     return LogConfig(
@@ -114,6 +136,9 @@ def log_config(configs: dict[str, str]) -> LogConfig:
         log_append_time=get("message.timestamp.type") == "LogAppendTime",
         max_message_bytes=int(get("max.message.bytes")),
         compacted="compact" in policies,
+        segment_ms=int(get("segment.ms")),
+        compaction=CompactionConfig(int(get("delete.retention.ms")), float(get("min.cleanable.dirty.ratio")),
+                                    int(get("min.compaction.lag.ms")), int(get("max.compaction.lag.ms"))),
         compression=get("compression.type"),
         compression_level={"gzip": int(get("compression.gzip.level")), "lz4": int(get("compression.lz4.level")),
                            "zstd": int(get("compression.zstd.level"))}.get(get("compression.type")),

@@ -29,8 +29,8 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ... import failpoints
 from ...locations import open_location
-from .. import failpoints
 from ..s3 import S3Client
 from ..two_phase_commit import (
     DecisionLog,

@@ -19,7 +19,7 @@ from .source.schema import source_schema
 
 
 class KafkaDataSource(DataSource):
-    # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: a task committed its transaction
+    # The failpoint (sparkeos.failpoints) where a batch is half committed: a task committed its transaction
     # and Spark has not logged the batch as committed. `sparkeos chaos` kills the driver there.
     half_committed_step = "sink.after_commit"
     # Where a task is in the middle of its transaction: its records and marker produced, the commit not yet sent.

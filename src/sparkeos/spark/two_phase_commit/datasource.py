@@ -25,7 +25,7 @@ class TwoPhaseCommitDataSource(DataSource):
     says, which is then required."""
 
     read_hint = "read what it wrote with the reader of its store"
-    # The failpoint (sparkeos.spark.failpoints) where a batch is half committed: its decision recorded, its first
+    # The failpoint (sparkeos.failpoints) where a batch is half committed: its decision recorded, its first
     # transaction committed and the others not yet. `sparkeos chaos` kills the driver there.
     half_committed_step = "2pc.between_commits"
     # Where a task is in the middle of its transaction: pre-committed, its commit message not yet sent to the driver

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from .. import failpoints
+from ... import failpoints
 from ..reports import log
 from ..task_context import spark_task, streaming_task
 from ..visible_latency import TimestampTally

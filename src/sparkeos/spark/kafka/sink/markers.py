@@ -32,9 +32,10 @@ log = logging.getLogger("sparkeos.sink")
 MARKER_PARTITIONS = 8
 # A new id's scan reads every marker partition from its log start, and Kafka compacts only rolled segments: with
 # Kafka's default segment size and age, a huge number of markers would wait in the active segment. Small segments
-# let Kafka compact all but the newest segment of each partition.
+# let Kafka compact all but the newest segment of each partition. Once compaction has removed a transaction's marker
+# record, its commit marker stays for delete.retention.ms: Kafka's default (a day) would keep a day of commits' markers.
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(16 * 1024 * 1024),
-                       "segment.ms": str(3_600_000)}
+                       "segment.ms": str(3_600_000), "delete.retention.ms": str(600_000)}
 MARKER_SCAN_BATCH = 1000
 # consume() waits its whole timeout unless it has num_messages in hand, and a range's control records never
 # count: the last poll of a scan always runs out, so a short poll keeps a fresh id's scan short.

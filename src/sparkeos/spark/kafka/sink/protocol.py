@@ -90,7 +90,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pyspark import TaskContext
 
-from ... import failpoints
+from .... import failpoints
 from ...client_cache import ClientCache, ClientCallStuck, call_with_deadline
 from ...two_phase_commit import checkpoint_behind
 from ...visible_latency import TimestampTally

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from ... import failpoints
+from .... import failpoints
 from ...gc_pause import cyclic_gc_paused
 from ...reports import report, report_level
 from ...task_context import spark_task, streaming_task

@@ -1,5 +1,5 @@
-"""Failure injection for the crash tests and `sparkeos chaos`: make a named step of the sink protocol fail once, or
-stop there.
+"""Failure injection for the crash tests and `sparkeos chaos`: make a named step of a protocol (a sink's, the
+broker's log cleaner's) fail once, or stop there.
 
 With `SPARKEOS_FAILPOINT_DIR` set (Spark's Python workers inherit it from the driver's environment),
 a failpoint is armed by creating the file `<dir>/<name>`. The first process to reach that step renames
