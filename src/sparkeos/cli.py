@@ -42,13 +42,62 @@ def _positive(value: str) -> int:
     return number
 
 
+def _listeners(value: str) -> list:
+    from .broker.listeners import ListenerError, parse_listeners
+
+    try:
+        return parse_listeners(value)
+    except ListenerError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _sasl_mechanisms(value: str) -> tuple[str, ...]:
+    from .broker.sasl import MECHANISMS
+
+    mechanisms = tuple(m.strip() for m in value.split(",") if m.strip())
+    unknown = [m for m in mechanisms if m not in MECHANISMS]
+    if unknown or not mechanisms:
+        raise argparse.ArgumentTypeError(f"unsupported SASL mechanism {', '.join(unknown) or '(none)'}; the broker "
+                                         f"has {', '.join(MECHANISMS)}")
+    return mechanisms
+
+
+def _readable_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    return path
+
+
 def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("broker", help="run the embedded Kafka-protocol broker")
-    parser.add_argument("--data-dir", required=True, type=Path, help="where logs and broker state live")
-    parser.add_argument("--listen", type=_host_port, default=("127.0.0.1", 9092),
-                        help="HOST:PORT to accept connections on (port 0 picks a free port)")
+    parser = commands.add_parser("broker", help="run the embedded Kafka-protocol broker",
+                                 description="Run the embedded Kafka-protocol broker; `sparkeos broker add-user` "
+                                             "creates a SASL/SCRAM user in its data directory.")
+    actions = parser.add_subparsers(dest="broker_action", metavar="add-user")
+    add_user = actions.add_parser("add-user", help="create or replace a user's SCRAM credentials before the broker "
+                                                   "starts (kafka-storage format --add-scram)")
+    add_user.add_argument("--data-dir", required=True, type=Path, help="the broker's data directory")
+    add_user.add_argument("name", help="the user name")
+    add_user.add_argument("--password", required=True, help="the user's password")
+    add_user.add_argument("--mechanism", action="append", choices=["SCRAM-SHA-256", "SCRAM-SHA-512"],
+                          help="the SCRAM mechanism (repeatable; default: both). PLAIN accepts the password too")
+    add_user.add_argument("--iterations", type=int, default=4096, help="PBKDF2 iterations (4096 to 16384)")
+    parser.add_argument("--data-dir", type=Path, help="where logs and broker state live (required)")
+    parser.add_argument("--listeners", type=_listeners, default=None,
+                        metavar="PROTOCOL://HOST:PORT,...",
+                        help="Kafka's listeners: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, each on HOST:PORT (port "
+                             "0 picks a free one); the first is the bootstrap address. Instead of --listen")
+    parser.add_argument("--listen", type=_host_port, default=None,
+                        help="HOST:PORT of one PLAINTEXT listener (port 0 picks a free port; default 127.0.0.1:9092)")
     parser.add_argument("--advertised-listener", type=_host_port, default=None,
-                        help="HOST:PORT that clients are told to connect to (default: the listen address)")
+                        help="HOST:PORT that clients of the first listener are told to connect to (default: its "
+                             "address)")
+    parser.add_argument("--ssl-certfile", type=_readable_file, help="the broker's certificate chain (PEM), for SSL "
+                                                                    "and SASL_SSL listeners (ssl.keystore)")
+    parser.add_argument("--ssl-keyfile", type=_readable_file, help="its private key (PEM)")
+    parser.add_argument("--sasl-enabled-mechanisms", type=_sasl_mechanisms,
+                        default=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), metavar="MECHANISM,...",
+                        help="of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: all three; sasl.enabled.mechanisms)")
     parser.add_argument("--fsync", choices=["always", "interval"], default="always",
                         help="'always' syncs to disk before acknowledging acks=all; 'interval' every second")
     parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=True,
@@ -73,17 +122,51 @@ def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for the broker (stderr)")
 
 
+def add_user(args: argparse.Namespace) -> int:
+    from .broker.credentials import CredentialStore, check_iterations, new_credential
+
+    store = CredentialStore(args.data_dir)
+    try:
+        for mechanism in args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]:
+            check_iterations(mechanism, args.iterations)
+            store.put(args.name, new_credential(mechanism, args.password, args.iterations))
+    except ValueError as error:
+        print(f"sparkeos broker add-user: {error}", file=sys.stderr)
+        return 2
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    store.save()
+    print(f"user {args.name}: {', '.join(sorted(store.users[args.name]))}")
+    return 0
+
+
 def run_broker(args: argparse.Namespace) -> int:
+    if args.broker_action == "add-user":
+        return add_user(args)
+    if args.data_dir is None:
+        print("sparkeos broker: --data-dir is required", file=sys.stderr)
+        return 2
+    if args.listen is not None and args.listeners is not None:
+        print("sparkeos broker: give --listeners or --listen, not both", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host, port = args.listen
+    host, port = args.listen or ("127.0.0.1", 9092)
+    if args.listeners:
+        host, port = args.listeners[0].host, args.listeners[0].port
     advertised_host, advertised_port = args.advertised_listener or (None, None)
+    if any(listener.tls for listener in args.listeners or []) and not (args.ssl_certfile and args.ssl_keyfile):
+        print("sparkeos broker: an SSL or SASL_SSL listener needs --ssl-certfile and --ssl-keyfile", file=sys.stderr)
+        return 2
     config = BrokerConfig(
         data_dir=args.data_dir,
         host=host,
         port=port,
         advertised_host=advertised_host,
         advertised_port=advertised_port,
+        listeners=args.listeners or [],
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        sasl_enabled_mechanisms=args.sasl_enabled_mechanisms,
         fsync=args.fsync,
         auto_create_topics=args.auto_create_topics,
         num_partitions=args.num_partitions,

@@ -160,7 +160,9 @@ async def serve(config: BrokerConfig, schema_registry: tuple[str, int] | None = 
         await server.start()
     except OSError as error:  # the port taken, or the address not this host's: said in a line, not a traceback
         why = os.strerror(error.errno) if error.errno else str(error)
-        print(f"sparkeos broker: cannot listen on {config.host}:{config.port}: {why}", file=sys.stderr, flush=True)
+        failed = getattr(error, "listener", None)
+        where = f"{failed.host}:{failed.port}" if failed is not None else f"{config.host}:{config.port}"
+        print(f"sparkeos broker: cannot listen on {where}: {why}", file=sys.stderr, flush=True)
         await broker.close()
         return 2
     stop = asyncio.Event()
@@ -175,7 +177,9 @@ async def serve(config: BrokerConfig, schema_registry: tuple[str, int] | None = 
         registry = _registry_server()(f"{host}:{port}", *schema_registry)
         await loop.run_in_executor(None, registry.start)
         print(f"{REGISTRY_READY_PREFIX}{registry.url}", flush=True)
-    print(f"{READY_PREFIX}{host}:{port}", flush=True)
+    # The bootstrap address, then (with --listeners) every listener as NAME=HOST:PORT.
+    named = [f"{listener.name}={listener.address[0]}:{listener.address[1]}" for listener in broker.listeners]
+    print(f"{READY_PREFIX}{host}:{port}" + (" " + " ".join(named) if config.listeners else ""), flush=True)
     await stop.wait()
     if registry is not None:
         await loop.run_in_executor(None, registry.stop)

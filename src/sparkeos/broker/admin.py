@@ -149,8 +149,10 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         # (name, value, Kafka's default, type)
         ("broker.id", str(NODE_ID), "-1", INT),
         ("node.id", str(NODE_ID), "-1", INT),
-        ("listeners", f"PLAINTEXT://{config.host}:{config.port}", "PLAINTEXT://:9092", STRING),
-        ("advertised.listeners", f"PLAINTEXT://{broker.advertised_host}:{broker.advertised_port}", None, STRING),
+        ("listeners", ",".join(str(listener) for listener in broker.listeners), "PLAINTEXT://:9092", STRING),
+        ("advertised.listeners", ",".join(f"{listener.name}://{listener.address[0]}:{listener.address[1]}"
+                                          for listener in broker.listeners), None, STRING),
+        ("sasl.enabled.mechanisms", ",".join(config.sasl_enabled_mechanisms), "GSSAPI", LIST),
         ("log.dirs", str(config.data_dir), None, STRING),
         ("auto.create.topics.enable", _bool(config.auto_create_topics), "true", BOOLEAN),
         ("delete.topic.enable", "true", "true", BOOLEAN),

@@ -18,8 +18,11 @@ from pathlib import Path
 from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
+from .credentials import CredentialStore
 from .errors import INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE
+from .listeners import Listener
 from .records import HEADER_SIZE, InvalidBatch, parse_header
+from .sasl import MECHANISMS
 from .storage import cleaner
 from .storage.log import AbortedTransaction, PartitionLog
 from .storage.topics import InvalidTopic, Topic, TopicStore, validate_topic_name
@@ -59,6 +62,12 @@ class BrokerConfig:
     transaction_max_timeout_ms: int = 900_000
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     topic_defaults: dict[str, str] = field(default_factory=dict)
+    # Kafka's listeners (listeners.py); empty: one PLAINTEXT listener on host:port, advertised as advertised_host
+    # and advertised_port. The first listener's bound address is written back to host and port.
+    listeners: list[Listener] = field(default_factory=list)
+    ssl_certfile: Path | None = None  # the broker's certificate chain (PEM), for SSL and SASL_SSL listeners
+    ssl_keyfile: Path | None = None  # its private key (PEM)
+    sasl_enabled_mechanisms: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class Broker:
@@ -66,9 +75,22 @@ class Broker:
         if 0 < config.queued_max_request_bytes < config.max_request_bytes:
             raise ValueError("queued.max.request.bytes must be larger or equal to socket.request.max.bytes")
         self.config = config
+        self.listeners = list(config.listeners) or [
+            Listener("PLAINTEXT", config.host, config.port, config.advertised_host, config.advertised_port)]
+        if config.listeners and (config.advertised_host or config.advertised_port):
+            first = self.listeners[0]
+            first.advertised_host, first.advertised_port = config.advertised_host, config.advertised_port
+        unknown = [m for m in config.sasl_enabled_mechanisms if m not in MECHANISMS]
+        if unknown:
+            raise ValueError(f"unsupported SASL mechanisms {', '.join(unknown)}: the broker has "
+                             f"{', '.join(MECHANISMS)}")
+        if any(listener.tls for listener in self.listeners) and not (config.ssl_certfile and config.ssl_keyfile):
+            raise ValueError("an SSL or SASL_SSL listener needs the broker's certificate and key "
+                             "(ssl_certfile and ssl_keyfile)")
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self.store = TopicStore(data_dir / "topics", config.topic_defaults)
+        self.credentials = CredentialStore(data_dir)
         self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
         self.groups = GroupCoordinator(data_dir / "groups", config)
         self.transactions = TransactionCoordinator(
@@ -94,11 +116,12 @@ class Broker:
 
     @property
     def advertised_host(self) -> str:
-        return self.config.advertised_host or self.config.host
+        """The first listener's address for clients (the bootstrap one)."""
+        return self.listeners[0].address[0]
 
     @property
     def advertised_port(self) -> int:
-        return self.config.advertised_port or self.config.port
+        return self.listeners[0].address[1]
 
     # -- topics ------------------------------------------------------------------------------
 

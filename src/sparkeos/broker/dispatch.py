@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .core import Broker
+    from .listeners import Listener
+    from .sasl import ConnectionAuth
 
 
 @dataclass(slots=True)
@@ -20,6 +22,8 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     peer: str
+    listener: Listener  # the one the request came in through: its address is what clients are told
+    auth: ConnectionAuth  # the connection's: who it is, or where it is in authenticating
 
 
 Handler = Callable[["Broker", RequestContext, Any], Awaitable[Any]]

@@ -97,11 +97,13 @@ class BrokerProcess:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[str] | None = None
         self.bootstrap_servers = ""
+        self.listeners: dict[str, str] = {}
         self.announcements: list[str] = []
 
     def start(self) -> BrokerProcess:
-        command = [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(self.data_dir),
-                   "--listen", f"{self.host}:{self.port}", *self.extra_args]
+        listen = [] if "--listeners" in self.extra_args else ["--listen", f"{self.host}:{self.port}"]
+        command = [sys.executable, "-m", "sparkeos", "broker", "--data-dir", str(self.data_dir), *listen,
+                   *self.extra_args]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self.announcements = []
         line = _read_line_with_timeout(self.process, self.startup_timeout)
@@ -118,7 +120,10 @@ class BrokerProcess:
                 raise RuntimeError(f"broker did not start: it exited with {code} (its error is on stderr)")
             raise RuntimeError(f"broker did not start within {self.startup_timeout:.0f} s: "
                                f"{[*self.announcements, line]!r}")
-        self.bootstrap_servers = line[len(READY_PREFIX):].strip()
+        bootstrap, *named = line[len(READY_PREFIX):].split()
+        self.bootstrap_servers = bootstrap
+        # Each listener's address by name, when the broker was given --listeners.
+        self.listeners = dict(item.split("=", 1) for item in named)
         # Keep the port across restarts so clients can reconnect to the same address. A port given stays: the ready
         # line names the advertised address, which may be another's (a proxy's).
         if not self.port:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from collections import deque
 
@@ -29,7 +30,9 @@ from .apis.api_versions import unsupported_version_response
 from .core import Broker
 from .dispatch import APIS, RequestContext
 from .fetch_encoding import FetchResult
+from .listeners import Listener
 from .protocol import MalformedRequest, decode_generic, parse_request_header, response_header
+from .sasl import ConnectionAuth
 
 log = logging.getLogger("sparkeos.broker.server")
 
@@ -84,9 +87,11 @@ def _request_is_flexible(api_key: int, version: int) -> bool:
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, server: BrokerServer) -> None:
+    def __init__(self, broker: Broker, server: BrokerServer, listener: Listener) -> None:
         self.broker = broker
         self.server = server
+        self.listener = listener
+        self.auth = ConnectionAuth(listener.sasl, enabled=broker.config.sasl_enabled_mechanisms)
         self.memory = server.memory
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -226,8 +231,10 @@ class Connection(asyncio.BufferedProtocol):
         entry = APIS.get(header.api_key)
         if entry is None:
             raise MalformedRequest(f"unknown API key {header.api_key}")
+        if not self.auth.allows(header.api_key):
+            raise MalformedRequest(f"unexpected request of API {header.api_key} during SASL authentication")
         context = RequestContext(header.api_key, header.api_version, header.correlation_id, header.client_id,
-                                 self.peer)
+                                 self.peer, self.listener, self.auth)
         if not entry.supports(header.api_version):
             if header.api_key == API_VERSIONS_KEY:
                 return asyncio.create_task(_ready(unsupported_version_response(header.correlation_id)))
@@ -322,6 +329,9 @@ class Connection(asyncio.BufferedProtocol):
                 for part in payload:
                     transport.write(part)
                 await self._can_write.wait()
+                if self.auth.failed:
+                    log.info("closing connection from %s: SASL authentication failed", self.peer)
+                    return
         finally:
             self._cancel_pending()
             transport.close()
@@ -352,25 +362,40 @@ async def _ready(payload: bytes) -> list[bytes | memoryview]:
 class BrokerServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []
         self.connections: set[Connection] = set()
         self.memory = RequestMemory(broker.config.queued_max_request_bytes)
         self.stopping = False
 
     async def start(self) -> int:
+        """Bind every listener (each port 0 becomes the one bound); returns the first listener's port."""
         config = self.broker.config
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: Connection(self.broker, self),
-                                               config.host, config.port)
-        port = self.server.sockets[0].getsockname()[1]
-        config.port = port
+        tls = None
+        if any(listener.tls for listener in self.broker.listeners):
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        try:
+            for listener in self.broker.listeners:
+                server = await loop.create_server(
+                    lambda listener=listener: Connection(self.broker, self, listener), listener.host, listener.port,
+                    ssl=tls if listener.tls else None)
+                self.servers.append(server)
+                listener.port = server.sockets[0].getsockname()[1]
+        except OSError as error:
+            for server in self.servers:
+                server.close()
+            error.listener = listener  # type: ignore[attr-defined]  # named by `sparkeos broker`'s message
+            raise
+        first = self.broker.listeners[0]
+        config.host, config.port = first.host, first.port
         self.broker.start_background()
-        return port
+        return first.port
 
     async def stop(self) -> None:
         self.stopping = True
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         tasks = [task for connection in list(self.connections) for task in connection.abort()]
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.broker.close()

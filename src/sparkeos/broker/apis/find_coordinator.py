@@ -25,7 +25,7 @@ async def handle_find_coordinator(broker, context, request):
         error, message = 0, None
     else:
         error, message = INVALID_REQUEST, f"unknown coordinator key type {key_type}"
-    host, port = broker.advertised_host, broker.advertised_port
+    host, port = context.listener.address
     node = NODE_ID if error == 0 else -1
     if context.version >= 4:
         return FindCoordinatorResponse(

@@ -66,7 +66,8 @@ async def handle_metadata(broker, context, request):
                 topics.append(_describe(topic))
     return MetadataResponse(
         throttle_time_ms=0,
-        brokers=[Broker_(node_id=NODE_ID, host=broker.advertised_host, port=broker.advertised_port, rack=None)],
+        brokers=[Broker_(node_id=NODE_ID, host=context.listener.address[0], port=context.listener.address[1],
+                         rack=None)],
         cluster_id=CLUSTER_ID,
         controller_id=NODE_ID,
         topics=topics,
