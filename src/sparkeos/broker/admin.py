@@ -23,6 +23,7 @@ BROKER_RESOURCE = 4
 
 # ConfigSource
 DYNAMIC_TOPIC_CONFIG = 1
+DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 
@@ -42,6 +43,7 @@ TOPIC_CONFIG_TYPES: dict[str, int] = {
     "compression.type": STRING,
     "compression.zstd.level": INT,
     "delete.retention.ms": LONG,
+    "file.delete.delay.ms": LONG,
     "max.compaction.lag.ms": LONG,
     "max.message.bytes": INT,
     "message.timestamp.type": STRING,
@@ -63,6 +65,7 @@ TOPIC_BROKER_SYNONYMS: dict[str, str] = {
     "compression.type": "compression.type",
     "compression.zstd.level": "compression.zstd.level",
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
     "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
     "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
@@ -131,6 +134,10 @@ def topic_config_entries(broker, topic_configs: dict[str, str]) -> list[ConfigEn
             synonyms.append((name, topic_configs[name], DYNAMIC_TOPIC_CONFIG))
         if name in broker_overrides:
             synonyms.append((broker_name, broker_overrides[name], STATIC_BROKER_CONFIG))
+        if name == "min.insync.replicas":
+            # As Kafka 4.1+ describes it: its controller writes a cluster-wide value (eligible leader replicas,
+            # KIP-966), which admin tools then list among the configs that are not defaults.
+            synonyms.append((broker_name, kafka_default, DYNAMIC_DEFAULT_BROKER_CONFIG))
         synonyms.append((broker_name, kafka_default, DEFAULT_CONFIG))
         _, value, source = synonyms[0]
         entries.append(ConfigEntry(name, value, source, TOPIC_CONFIG_TYPES[name], synonyms=synonyms))
@@ -171,6 +178,7 @@ def broker_config_entries(broker) -> list[ConfigEntry]:
         ("compression.zstd.level", topic["compression.zstd.level"], "3", INT),
         ("log.cleanup.policy", topic["cleanup.policy"], "delete", LIST),
         ("log.cleaner.delete.retention.ms", topic["delete.retention.ms"], "86400000", LONG),
+        ("log.segment.delete.delay.ms", topic["file.delete.delay.ms"], "60000", LONG),
         ("log.cleaner.max.compaction.lag.ms", topic["max.compaction.lag.ms"], "9223372036854775807", LONG),
         ("log.cleaner.min.cleanable.ratio", topic["min.cleanable.dirty.ratio"], "0.5", DOUBLE),
         ("log.cleaner.min.compaction.lag.ms", topic["min.compaction.lag.ms"], "0", LONG),

@@ -31,6 +31,7 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "compression.type": "producer",
     "compression.zstd.level": "3",
     "delete.retention.ms": "86400000",
+    "file.delete.delay.ms": "60000",
     "max.compaction.lag.ms": "9223372036854775807",
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
@@ -81,6 +82,7 @@ def validate_configs(configs: dict[str, str]) -> None:
             raise InvalidConfig(f"unknown topic config '{key}'")
         if key in ("max.message.bytes", "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
                    "min.insync.replicas", "delete.retention.ms", "min.compaction.lag.ms", "max.compaction.lag.ms",
+                   "file.delete.delay.ms",
                    *COMPRESSION_LEVELS):
             try:
                 int(value)
@@ -110,7 +112,7 @@ def validate_configs(configs: dict[str, str]) -> None:
                 also = f" or equal to {default}" if not low <= default <= high else ""
                 raise InvalidConfig(f"Invalid value {value} for configuration {key}: Value must be between {low} "
                                     f"and {high}{also}")
-        if key == "cleanup.policy" and value not in ("delete", "compact", "compact,delete", "delete,compact"):
+        if key == "cleanup.policy" and value not in ("", "delete", "compact", "compact,delete", "delete,compact"):
             raise InvalidConfig(f"topic config 'cleanup.policy' has an invalid value {value!r}")
         if key == "min.insync.replicas" and int(value) != 1:
             raise InvalidConfig("topic config 'min.insync.replicas' must be 1 on a single-node broker")
@@ -126,7 +128,7 @@ def log_config(configs: dict[str, str]) -> LogConfig:
         return configs.get(key, TOPIC_CONFIG_DEFAULTS[key])
 
     # As in Kafka, retention deletes segments only under the delete policy, and the cleaner compacts only under
-    # the compact policy.
+    # the compact policy; an empty policy (Kafka 4.x) keeps everything.
     policies = get("cleanup.policy").split(",")
     deletes = "delete" in policies
     return LogConfig(
