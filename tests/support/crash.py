@@ -191,8 +191,9 @@ class Driver:
 def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random) -> str:
     """Let the driver run until a random moment to kill it at; say which kind of moment it was."""
     if cycle % 5 in (2, 4):
-        # Anywhere in start-up: JVM launch, planning, the replay of the batch the last driver left unfinished.
-        time.sleep(rng.uniform(1, 25))
+        # Anywhere in start-up: JVM launch, planning, the replay of the batch the last driver left unfinished (a
+        # local driver's first batch is running within 15 s, even on a loaded machine).
+        time.sleep(rng.uniform(1, 15))
         return "start-up"
     # First this run commits a batch, so the query moves on between kills (the first run must: Spark refuses to
     # start batch 0 once its offset log holds anything, even the empty temp file of a driver killed while

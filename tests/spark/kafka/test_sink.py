@@ -543,6 +543,8 @@ def test_unreachable_broker_is_a_clear_error_after_a_bounded_wait(spark, broker,
     assert time.monotonic() - started < 60
 
 
+# librdkafka's queue, not the broker, is what fills up.
+@pytest.mark.apache_kafka(newest_only=True)
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_batches_larger_than_the_producer_queue(spark, broker, tmp_path, guarantee):
     """A task producing more records than librdkafka's queue holds waits for room (records and marker), and
