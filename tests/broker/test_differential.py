@@ -26,6 +26,10 @@ from confluent_kafka.admin import (
     NewTopic,
     OffsetSpec,
     ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
 )
 
 from sparkeos.verify import READ_COMMITTED, READ_UNCOMMITTED, end_offsets, read_records
@@ -284,9 +288,49 @@ def topics_that_recompress(bootstrap: str) -> Observation:
     return seen
 
 
+def scram_credentials_through_the_admin_api(bootstrap: str) -> Observation:
+    """AlterUserScramCredentials and DescribeUserScramCredentials: what is kept, what is refused, and how."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    user = _name("user")
+
+    def alter(*changes) -> dict[str, str]:
+        futures = admin.alter_user_scram_credentials(list(changes))
+        return {name.split("-")[0]: _error_name(lambda f=future: f.result(30)) for name, future in futures.items()}
+
+    def describe(*users: str) -> dict[str, object]:
+        futures = admin.describe_user_scram_credentials(list(users))
+        seen: dict[str, object] = {}
+        for name, future in futures.items():
+            try:
+                seen[name.split("-")[0]] = sorted((str(i.mechanism), i.iterations)
+                                                  for i in future.result(30).scram_credential_infos)
+            except KafkaException as exc:
+                seen[name.split("-")[0]] = exc.args[0].name()
+        return seen
+
+    sha256, sha512 = ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512
+    return {
+        "describe unknown": describe(user),
+        "upsert": alter(UserScramCredentialUpsertion(user, ScramCredentialInfo(sha256, 10000), b"secret", b"salt")),
+        "upsert other mechanism": alter(UserScramCredentialUpsertion(user, ScramCredentialInfo(sha512, 8192),
+                                                                     b"secret")),
+        "described": describe(user),
+        "too few iterations": alter(UserScramCredentialUpsertion(_name("few"), ScramCredentialInfo(sha256, 100),
+                                                                 b"secret")),
+        "too many iterations": alter(UserScramCredentialUpsertion(_name("many"), ScramCredentialInfo(sha256, 20000),
+                                                                  b"secret")),
+        "delete missing": alter(UserScramCredentialDeletion(_name("nobody"), sha256)),
+        "delete one": alter(UserScramCredentialDeletion(user, sha512)),
+        "described after": describe(user),
+        "delete last": alter(UserScramCredentialDeletion(user, sha256)),
+        "described at last": describe(user),
+    }
+
+
 SCENARIOS = [transactions_with_aborts, open_transaction_holds_the_last_stable_offset, a_fenced_producer_cannot_commit,
              transactional_group_offsets_wait_for_the_commit, offsets_by_timestamp, admin_configs_and_errors,
-             a_record_too_large_for_the_topic, topics_that_recompress]
+             a_record_too_large_for_the_topic, topics_that_recompress,
+             scram_credentials_through_the_admin_api]
 
 
 @pytest.mark.parametrize("version", apache_kafka.tested_versions())

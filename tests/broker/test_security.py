@@ -36,6 +36,7 @@ from kafka.protocol.sasl import (
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
 from sparkeos.broker.credentials import CredentialStore, new_credential
 from sparkeos.broker.listeners import parse_listeners
+from support.kafka_java import run_kafka_check
 from support.wire import ConnectionClosed, WireClient
 
 LISTENERS = "SASL_SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0"
@@ -171,6 +172,25 @@ def test_aiokafka_authenticates_with_each_mechanism_over_tls(secured, certificat
             await consumer.stop()
 
     assert asyncio.run(asyncio.wait_for(run(), 60)) == [b"aio-%d" % i for i in range(20)]
+
+
+LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                 "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                 "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_the_java_client_authenticates_with_each_mechanism_over_tls(secured, certificates, kafka_check, tmp_path,
+                                                                   mechanism) -> None:
+    settings = tmp_path / "client.properties"
+    settings.write_text("\n".join([
+        "security.protocol=SASL_SSL",
+        f"sasl.mechanism={mechanism}",
+        f'sasl.jaas.config={LOGIN_MODULES[mechanism]} required username="{USER}" password="{PASSWORD}";',
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={certificates['ca']}",
+    ]) + "\n")
+    run_kafka_check(kafka_check, address(secured, "SASL_SSL"), "transactions", settings)
 
 
 # --- refusals, on the wire -----------------------------------------------------------------------------------------

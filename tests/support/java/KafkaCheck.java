@@ -400,6 +400,15 @@ public final class KafkaCheck {
         props.put("default.api.timeout.ms", "20000");
         props.put("reconnect.backoff.max.ms", "200");
         props.put("retry.backoff.ms", "50");
+        // Security settings (security.protocol, sasl.*, ssl.*) for every client, from a properties file.
+        String security = System.getProperty("kafkacheck.client.properties");
+        if (security != null) {
+            try (java.io.Reader reader = java.nio.file.Files.newBufferedReader(java.nio.file.Path.of(security))) {
+                props.load(reader);
+            } catch (java.io.IOException e) {
+                throw new CheckFailed("cannot read " + security + ": " + e);
+            }
+        }
         return props;
     }
 
