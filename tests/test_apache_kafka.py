@@ -3,6 +3,7 @@ Maven Central, single nodes of each version, a three-node cluster whose nodes ar
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,22 @@ def test_a_three_node_cluster_elects_another_leader_and_takes_its_node_back(tmp_
             cluster.restart(coordinator)
         _commit_numbers(cluster.bootstrap_servers, "numbers", range(100, 200), "writer")
         assert sorted(_read_committed(cluster.bootstrap_servers, "numbers")) == list(range(200))
+
+
+def test_a_port_taken_between_choosing_and_binding_is_chosen_anew(tmp_path) -> None:
+    """The cluster picks its ports when it is made and Kafka binds them seconds later; another process (an outgoing
+    connection's ephemeral port, another test's server) may take one in between. The first start picks new ones."""
+    cluster = apache_kafka.ApacheKafkaCluster(tmp_path / "kafka", apache_kafka.VERSIONS[0])
+    node = cluster.nodes[1]
+    taken = node.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        with cluster:
+            assert node.port != taken
+            assert "Address already in use" in node.log.read_text(errors="replace")
+            topic = create_topic(cluster.bootstrap_servers, "after-a-taken-port")
+            producer = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+            producer.produce(topic, b"served")
+            assert producer.flush(30) == 0
+            assert read_values(cluster.bootstrap_servers, topic) == [b"served"]

@@ -88,6 +88,10 @@ def kafka_jars_cached(version: str) -> bool:
     return is_cached(f"kafka-{version}", _coordinates(version))
 
 
+# How many sets of ports a cluster's first start tries, when another process takes one before Kafka binds it.
+PORT_ATTEMPTS = 3
+
+
 class KafkaStartFailed(RuntimeError):
     """A node exited or did not serve in time; the message holds the end of its log."""
 
@@ -115,6 +119,12 @@ class KafkaNode:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def port_was_taken(self) -> bool:
+        """Whether the node's last start failed to bind one of its ports."""
+        text = "".join(path.read_text(errors="replace")[-20000:] for path in (self.directory / "stdout.log", self.log)
+                       if path.exists())
+        return "Address already in use" in text
 
     def log_tail(self, lines: int = 40) -> str:
         text = ""
@@ -220,14 +230,26 @@ class ApacheKafkaCluster:
             for node in self.nodes.values():
                 self._format(node)
             self._formatted = True
-        for node in self.nodes.values():
-            self._launch(node)
-        try:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
             for node in self.nodes.values():
-                self._wait_serving(node)
-        except BaseException:
-            self.stop()
-            raise
+                self._launch(node)
+            try:
+                for node in self.nodes.values():
+                    self._wait_serving(node)
+                return self
+            except KafkaStartFailed:
+                self.stop()
+                # The ports were free when chosen; something took one before Kafka bound it. Nothing but the
+                # configs names them yet (the voters are static), so the nodes start on others.
+                if attempt == PORT_ATTEMPTS or not any(node.port_was_taken() for node in self.nodes.values()):
+                    raise
+                for node in self.nodes.values():
+                    node.port, node.controller_port = free_port(), free_port()
+                if self.internal_port is not None:
+                    self.internal_port = free_port()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def kill(self, node_id: int) -> None:
