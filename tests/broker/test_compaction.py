@@ -43,7 +43,7 @@ def produce(bootstrap: str, topic: str, pairs: list[tuple[bytes, bytes | None]])
     return written
 
 
-def roll_past(bootstrap: str, topic: str) -> dict[int, tuple[bytes, bytes | None]]:
+def roll_past(bootstrap: str, topic: str) -> Written:
     """Records of unique keys, enough to roll the active segment: everything before them becomes cleanable."""
     return produce(bootstrap, topic, [(unique("filler").encode(), b"x" * 400) for _ in range(12)])
 
@@ -53,7 +53,7 @@ def on_log(bootstrap: str, topic: str) -> list:
         return wire.log_batches(topic)
 
 
-def read(bootstrap: str, topic: str, isolation: str = READ_COMMITTED) -> dict[int, tuple[bytes, bytes | None]]:
+def read(bootstrap: str, topic: str, isolation: str = READ_COMMITTED) -> Written:
     return {r.offset: (r.key, r.value) for r in read_records(bootstrap, topic, isolation_level=isolation)}
 
 
@@ -66,19 +66,24 @@ def set_compaction_lag(bootstrap: str, topic: str, lag_ms: int) -> None:
     futures[resource].result(30)
 
 
-def last_per_key(written: dict[int, tuple[bytes, bytes | None]]) -> dict[int, tuple[bytes, bytes | None]]:
+def last_per_key(written: Written) -> Written:
     last: dict[bytes, int] = {}
     for offset in sorted(written):
         last[written[offset][0]] = offset
     return {offset: written[offset] for offset in sorted(last.values())}
 
 
+def overwritten(bootstrap: str, keys: int, records: int) -> tuple[str, Written]:
+    """A compacted topic where `records` records overwrite `keys` keys in turn, all in segments that rolled."""
+    topic = create_topic(bootstrap, unique("compacted"), config=EAGER)
+    written = produce(bootstrap, topic, [(b"key-%d" % (i % keys), b"value-%d" % i) for i in range(records)])
+    return topic, written | roll_past(bootstrap, topic)
+
+
 def test_keys_overwritten_many_times_shrink_to_one_record_each_at_their_offsets(tmp_path: Path) -> None:
     with EmbeddedBroker(tmp_path / "broker") as broker:
         bootstrap = broker.bootstrap_servers
-        topic = create_topic(bootstrap, unique("compacted"), config=EAGER)
-        written = produce(bootstrap, topic, [(b"key-%d" % (i % 20), b"value-%d" % i) for i in range(2000)])
-        written |= roll_past(bootstrap, topic)
+        topic, written = overwritten(bootstrap, 20, 2000)
         expected = last_per_key(written)
         # Until the cleaner has been through every closed segment: each overwritten key once.
         wait_for(lambda: len([kv for kv in read(bootstrap, topic).values() if kv[0].startswith(b"key-")]) == 20,
@@ -115,9 +120,7 @@ def test_tombstones_go_after_delete_retention_ms_and_stay_before(tmp_path: Path)
 def test_a_cleaned_log_survives_kill_9_and_a_producer_carries_on(tmp_path: Path) -> None:
     with BrokerProcess(tmp_path / "broker") as broker:
         bootstrap = broker.bootstrap_servers
-        topic = create_topic(bootstrap, unique("compacted"), config=EAGER)
-        written = produce(bootstrap, topic, [(b"key-%d" % (i % 10), b"value-%d" % i) for i in range(1500)])
-        written |= roll_past(bootstrap, topic)
+        topic, written = overwritten(bootstrap, 10, 1500)
         wait_for(lambda: len(read(bootstrap, topic)) < 100, timeout_s=60, what="the topic to be compacted")
         before = read(bootstrap, topic)
         broker.restart()  # kill -9, then start on the same data
@@ -160,7 +163,7 @@ class Transactions:
                 self.producer.commit_transaction(30)
                 self.committed |= values
 
-    def check(self, bootstrap: str) -> dict[int, tuple[bytes, bytes | None]]:
+    def check(self, bootstrap: str) -> Written:
         """What a read_committed reader from offset 0 reads must be right; returns it."""
         seen = read(bootstrap, self.topic)
         last: dict[bytes, bytes | None] = {}
