@@ -62,6 +62,14 @@ def _sasl_mechanisms(value: str) -> tuple[str, ...]:
     return mechanisms
 
 
+def _principals(value: str) -> tuple[str, ...]:
+    principals = tuple(p.strip() for p in value.split(";") if p.strip())
+    for principal in principals:
+        if ":" not in principal:
+            raise argparse.ArgumentTypeError(f"super user {principal!r} is not TYPE:NAME, such as User:admin")
+    return principals
+
+
 def _readable_file(value: str) -> Path:
     path = Path(value)
     if not path.is_file():
@@ -98,6 +106,14 @@ def _add_broker_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--sasl-enabled-mechanisms", type=_sasl_mechanisms,
                         default=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), metavar="MECHANISM,...",
                         help="of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (default: all three; sasl.enabled.mechanisms)")
+    parser.add_argument("--authorizer", action="store_true",
+                        help="enforce ACLs: a request no ACL allows is denied (authorizer.class.name, with "
+                             "allow.everyone.if.no.acl.found=false)")
+    parser.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                        help="with --authorizer, a resource no ACL names is open to every principal "
+                             "(allow.everyone.if.no.acl.found)")
+    parser.add_argument("--super-users", type=_principals, default=(), metavar="User:NAME;...",
+                        help="principals the ACLs never deny, separated by ';' (super.users)")
     parser.add_argument("--fsync", choices=["always", "interval"], default="always",
                         help="'always' syncs to disk before acknowledging acks=all; 'interval' every second")
     parser.add_argument("--auto-create-topics", action=argparse.BooleanOptionalAction, default=True,
@@ -167,6 +183,9 @@ def run_broker(args: argparse.Namespace) -> int:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         sasl_enabled_mechanisms=args.sasl_enabled_mechanisms,
+        authorizer=args.authorizer,
+        super_users=args.super_users,
+        allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
         fsync=args.fsync,
         auto_create_topics=args.auto_create_topics,
         num_partitions=args.num_partitions,

@@ -11,8 +11,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from . import acls
 from .core import NODE_ID
-from .errors import INVALID_CONFIG, INVALID_REPLICA_ASSIGNMENT, INVALID_REQUEST, UNKNOWN_TOPIC_OR_PARTITION
+from .errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    INVALID_CONFIG,
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REQUEST,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from .storage.topics import TOPIC_CONFIG_DEFAULTS, InvalidConfig, InvalidTopic, validate_configs, validate_topic_name
 
 log = logging.getLogger("sparkeos.broker.admin")
@@ -227,6 +235,15 @@ def resource_config_entries(broker, resource_type: int, resource_name: str) -> l
         check_broker_name(resource_name)
         return broker_config_entries(broker)
     raise AdminError(INVALID_REQUEST, f"unsupported config resource type {resource_type}")
+
+
+def check_config_access(broker, context, operation: int, resource_type: int, resource_name: str) -> None:
+    """AdminError unless the principal may do `operation` (DESCRIBE_CONFIGS, ALTER_CONFIGS) to the configs of the
+    resource: a topic's, or the broker's (on the cluster), as Kafka authorizes them."""
+    if resource_type == TOPIC_RESOURCE and not broker.allowed(context, operation, acls.TOPIC, resource_name):
+        raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed.")
+    if resource_type == BROKER_RESOURCE and not broker.allowed(context, operation, acls.CLUSTER, acls.CLUSTER_NAME):
+        raise AdminError(CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
 
 
 def check_broker_name(resource_name: str) -> None:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .acls import Authorizer
 from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
@@ -68,6 +69,9 @@ class BrokerConfig:
     ssl_certfile: Path | None = None  # the broker's certificate chain (PEM), for SSL and SASL_SSL listeners
     ssl_keyfile: Path | None = None  # its private key (PEM)
     sasl_enabled_mechanisms: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    authorizer: bool = False  # ACLs decide (acls.py); off, every request is allowed (Kafka without an authorizer)
+    super_users: tuple[str, ...] = ()  # principals ACLs never deny, such as User:admin
+    allow_everyone_if_no_acl_found: bool = False  # Kafka's setting of that name
 
 
 class Broker:
@@ -91,6 +95,8 @@ class Broker:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.store = TopicStore(data_dir / "topics", config.topic_defaults)
         self.credentials = CredentialStore(data_dir)
+        self.authorizer = Authorizer(data_dir, config.authorizer, tuple(config.super_users),
+                                     config.allow_everyone_if_no_acl_found)
         self.producer_ids = ProducerIdManager(data_dir / "producer-id-block")
         self.groups = GroupCoordinator(data_dir / "groups", config)
         self.transactions = TransactionCoordinator(
@@ -122,6 +128,12 @@ class Broker:
     @property
     def advertised_port(self) -> int:
         return self.listeners[0].address[1]
+
+    # -- authorization -----------------------------------------------------------------------
+
+    def allowed(self, context, operation: int, resource_type: int, name: str) -> bool:
+        """Whether the request's principal may do `operation` to the resource (always, with the authorizer off)."""
+        return self.authorizer.authorize(context.auth.principal, context.host, operation, resource_type, name)
 
     # -- topics ------------------------------------------------------------------------------
 

@@ -25,6 +25,11 @@ class RequestContext:
     listener: Listener  # the one the request came in through: its address is what clients are told
     auth: ConnectionAuth  # the connection's: who it is, or where it is in authenticating
 
+    @property
+    def host(self) -> str:
+        """The client's IP address, as ACLs name hosts."""
+        return self.peer.rpartition(":")[0].strip("[]")
+
 
 Handler = Callable[["Broker", RequestContext, Any], Awaitable[Any]]
 # A dedicated request decoder: (body, version) -> request; raises MalformedRequest on bad input.

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from kafka.protocol.admin import AlterConfigsRequest, AlterConfigsResponse
 
-from ..admin import TOPIC_RESOURCE, AdminError, apply_topic_configs, check_alterable, duplicate_resources
+from ..acls import ALTER_CONFIGS
+from ..admin import (
+    TOPIC_RESOURCE,
+    AdminError,
+    apply_topic_configs,
+    check_alterable,
+    check_config_access,
+    duplicate_resources,
+)
 from ..dispatch import api
 from ..errors import INVALID_REQUEST
 
@@ -39,6 +47,7 @@ async def handle_alter_configs(broker, context, request):
         try:
             if (resource.resource_type, resource.resource_name) in duplicates:
                 raise AdminError(INVALID_REQUEST, "Each resource must appear at most once.")
+            check_config_access(broker, context, ALTER_CONFIGS, resource.resource_type, resource.resource_name)
             _alter(broker, resource, request.validate_only)
         except AdminError as exc:
             error, message = exc.error_code, str(exc)

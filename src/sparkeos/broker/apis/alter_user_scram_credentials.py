@@ -3,11 +3,11 @@ client sends the salted password, never the password; the credentials are on dis
 
 Errors as Kafka's, per user: an unknown mechanism is UNSUPPORTED_SASL_MECHANISM, an empty name or an iteration
 count out of 4096-16384 UNACCEPTABLE_CREDENTIAL, a user altered twice in one request DUPLICATE_RESOURCE, the
-deletion of a credential that does not exist RESOURCE_NOT_FOUND. A user with any error has none of its changes
-applied.
+deletion of a credential that does not exist RESOURCE_NOT_FOUND; without ALTER on the cluster, every user is
+CLUSTER_AUTHORIZATION_FAILED. A user with any error has none of its changes applied.
 
 Leaves out:
-- authorization (ALTER on the cluster): any authenticated connection may alter.
+- nothing known for version 0.
 """
 
 from __future__ import annotations
@@ -16,9 +16,16 @@ from collections import Counter
 
 from kafka.protocol.admin import AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse
 
+from ..acls import ALTER, CLUSTER, CLUSTER_NAME
 from ..credentials import MECHANISM_BY_ID, check_iterations, credential_from_salted
 from ..dispatch import api
-from ..errors import DUPLICATE_RESOURCE, RESOURCE_NOT_FOUND, UNACCEPTABLE_CREDENTIAL, UNSUPPORTED_SASL_MECHANISM
+from ..errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    DUPLICATE_RESOURCE,
+    RESOURCE_NOT_FOUND,
+    UNACCEPTABLE_CREDENTIAL,
+    UNSUPPORTED_SASL_MECHANISM,
+)
 
 Result = AlterUserScramCredentialsResponse.AlterUserScramCredentialsResult
 
@@ -30,10 +37,13 @@ async def handle_alter_user_scram_credentials(broker, context, request):
         (u.name, u.mechanism, u) for u in request.upsertions]
     per_user = Counter((name, mechanism) for name, mechanism, _ in changes)
     errors: dict[str, tuple[int, str]] = {}
+    denied = not broker.allowed(context, ALTER, CLUSTER, CLUSTER_NAME)
     for name, mechanism, upsertion in changes:
         if name in errors:
             continue
-        if not name:
+        if denied:
+            errors[name] = (CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
+        elif not name:
             errors[name] = (UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
         elif mechanism not in MECHANISM_BY_ID:
             errors[name] = (UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")

@@ -10,12 +10,14 @@ import logging
 
 from kafka.protocol.admin import CreatePartitionsRequest, CreatePartitionsResponse
 
+from ..acls import ALTER, TOPIC
 from ..admin import AdminError, validate_assignment
 from ..dispatch import api
 from ..errors import (
     INVALID_PARTITIONS,
     INVALID_REPLICA_ASSIGNMENT,
     INVALID_REQUEST,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
@@ -54,6 +56,10 @@ async def handle_create_partitions(broker, context, request):
     for wanted in request.topics:
         if names.count(wanted.name) > 1:
             results.append(Result(name=wanted.name, error_code=INVALID_REQUEST, error_message="Duplicate topic name."))
+            continue
+        if not broker.allowed(context, ALTER, TOPIC, wanted.name):
+            results.append(Result(name=wanted.name, error_code=TOPIC_AUTHORIZATION_FAILED,
+                                  error_message="Authorization failed."))
             continue
         try:
             check_increase(broker, wanted)

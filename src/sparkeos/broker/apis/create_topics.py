@@ -15,6 +15,7 @@ import uuid
 
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 
+from ..acls import CLUSTER, CLUSTER_NAME, CREATE, TOPIC
 from ..admin import AdminError, topic_config_entries, validate_assignment
 from ..dispatch import api
 from ..errors import (
@@ -24,6 +25,7 @@ from ..errors import (
     INVALID_REPLICATION_FACTOR,
     INVALID_REQUEST,
     TOPIC_ALREADY_EXISTS,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_SERVER_ERROR,
 )
 from ..storage.topics import InvalidConfig, InvalidTopic, validate_configs, validate_topic_name
@@ -114,6 +116,9 @@ async def handle_create_topics(broker, context, request):
         name = wanted.name
         if counts[name] > 1:
             results.append(_error(name, INVALID_REQUEST, "Duplicate topic name."))
+            continue
+        if not (broker.allowed(context, CREATE, CLUSTER, CLUSTER_NAME) or broker.allowed(context, CREATE, TOPIC, name)):
+            results.append(_error(name, TOPIC_AUTHORIZATION_FAILED, "Authorization failed."))
             continue
         try:
             partitions, replication_factor, configs = plan_topic(broker, wanted)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
 
+from ..acls import DELETE, GROUP
 from ..dispatch import api
+from ..errors import GROUP_AUTHORIZATION_FAILED
 
 Result = DeleteGroupsResponse.DeletableGroupResult
 
@@ -17,6 +19,7 @@ Result = DeleteGroupsResponse.DeletableGroupResult
 async def handle_delete_groups(broker, context, request):
     return DeleteGroupsResponse(
         throttle_time_ms=0,
-        results=[Result(group_id=group_id, error_code=broker.groups.delete_group(group_id))
+        results=[Result(group_id=group_id, error_code=broker.groups.delete_group(group_id)
+                        if broker.allowed(context, DELETE, GROUP, group_id) else GROUP_AUTHORIZATION_FAILED)
                  for group_id in request.groups_names],
     )

@@ -10,8 +10,9 @@ import logging
 
 from kafka.protocol.admin import DeleteRecordsRequest, DeleteRecordsResponse
 
+from ..acls import DELETE, TOPIC
 from ..dispatch import api
-from ..errors import UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import TOPIC_AUTHORIZATION_FAILED, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_OR_PARTITION
 from ..storage.log import OffsetOutOfRange
 
 log = logging.getLogger("sparkeos.broker.admin")
@@ -38,7 +39,10 @@ def _delete(broker, topic: str, wanted) -> PartitionResult:
 @api(DeleteRecordsRequest, DeleteRecordsResponse, 0, 2)
 async def handle_delete_records(broker, context, request):
     topics = [
-        TopicResult(name=topic.name, partitions=[_delete(broker, topic.name, p) for p in topic.partitions])
+        TopicResult(name=topic.name, partitions=[
+            _delete(broker, topic.name, p) if broker.allowed(context, DELETE, TOPIC, topic.name) else
+            PartitionResult(partition_index=p.partition_index, low_watermark=-1, error_code=TOPIC_AUTHORIZATION_FAILED)
+            for p in topic.partitions])
         for topic in request.topics
     ]
     return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)

@@ -11,8 +11,15 @@ import uuid
 
 from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
 
+from ..acls import DELETE, TOPIC
 from ..dispatch import api
-from ..errors import INVALID_REQUEST, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_ID, UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import (
+    INVALID_REQUEST,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_SERVER_ERROR,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 
 log = logging.getLogger("sparkeos.broker.admin")
 
@@ -38,9 +45,16 @@ async def handle_delete_topics(broker, context, request):
             results.append(_result(name, ZERO_UUID, INVALID_REQUEST, "Duplicate topic name."))
         elif name is None and ids.count(topic_id) > 1:
             results.append(_result(None, topic_id, INVALID_REQUEST, "Duplicate topic id."))
+        elif not broker.allowed(context, DELETE, TOPIC, name or _name_of(broker, topic_id)):
+            results.append(_result(name, topic_id, TOPIC_AUTHORIZATION_FAILED, "Authorization failed."))
         else:
             results.append(_delete(broker, name, topic_id))
     return DeleteTopicsResponse(throttle_time_ms=0, responses=results)
+
+
+def _name_of(broker, topic_id: uuid.UUID) -> str:
+    topic = broker.store.by_id(topic_id)
+    return topic.name if topic is not None else ""
 
 
 def _delete(broker, name: str | None, topic_id: uuid.UUID) -> Result:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
 
-from ..admin import DEFAULT_CONFIG, AdminError, ConfigEntry, resource_config_entries
+from ..acls import DESCRIBE_CONFIGS
+from ..admin import DEFAULT_CONFIG, AdminError, ConfigEntry, check_config_access, resource_config_entries
 from ..dispatch import api
 
 Result = DescribeConfigsResponse.DescribeConfigsResult
@@ -38,6 +39,7 @@ async def handle_describe_configs(broker, context, request):
     results = []
     for resource in request.resources:
         try:
+            check_config_access(broker, context, DESCRIBE_CONFIGS, resource.resource_type, resource.resource_name)
             entries = resource_config_entries(broker, resource.resource_type, resource.resource_name)
         except AdminError as exc:
             results.append(Result(error_code=exc.error_code, error_message=str(exc),

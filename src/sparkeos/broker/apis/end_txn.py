@@ -10,12 +10,16 @@ import time
 
 from kafka.protocol.producer import EndTxnRequest, EndTxnResponse
 
+from ..acls import TRANSACTIONAL_ID, WRITE
 from ..coordinator.transactions import TransactionError, fenced_error
 from ..dispatch import api
+from ..errors import TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 @api(EndTxnRequest, EndTxnResponse, 0, 3)
 async def handle_end_txn(broker, context, request):
+    if not broker.allowed(context, WRITE, TRANSACTIONAL_ID, request.transactional_id):
+        return EndTxnResponse(throttle_time_ms=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     await broker.transactions.wait_completed(request.transactional_id)
     try:
         broker.transactions.end_transaction_in_background(

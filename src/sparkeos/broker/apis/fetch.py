@@ -16,8 +16,9 @@ import asyncio
 
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 
+from ..acls import READ, TOPIC
 from ..dispatch import api
-from ..errors import FETCH_SESSION_ID_NOT_FOUND, UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import FETCH_SESSION_ID_NOT_FOUND, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION
 from ..fetch_encoding import FetchedPartition, FetchResult
 from ..leader_epoch import leader_epoch_error
 from ..storage.log import OffsetOutOfRange
@@ -32,8 +33,9 @@ async def handle_fetch(broker, context, request):
         return FetchResult(topics=[], error_code=FETCH_SESSION_ID_NOT_FOUND)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
+    denied = {topic.topic for topic in request.topics if not broker.allowed(context, READ, TOPIC, topic.topic)}
     while True:
-        responses, total, errors = read_all(broker, request)
+        responses, total, errors = read_all(broker, request, denied)
         remaining = deadline - loop.time()
         if total >= request.min_bytes or errors or remaining <= 0:
             return FetchResult(topics=responses)
@@ -46,7 +48,9 @@ def partitions_read(broker, request) -> list:
     return [partition_log for partition_log in logs if partition_log is not None]
 
 
-def read_all(broker, request) -> tuple[list[tuple[str, list[FetchedPartition]]], int, bool]:
+def read_all(broker, request, denied: set[str]) -> tuple[list[tuple[str, list[FetchedPartition]]], int, bool]:
+    """Every partition asked for; those of the `denied` topics (no READ for the principal) are
+    TOPIC_AUTHORIZATION_FAILED."""
     read_committed = request.isolation_level == READ_COMMITTED
     budget = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
     total = 0
@@ -55,7 +59,11 @@ def read_all(broker, request) -> tuple[list[tuple[str, list[FetchedPartition]]],
     for topic in request.topics:
         partitions = []
         for wanted in topic.partitions:
-            data = read_partition(broker, topic.topic, wanted, read_committed, budget - total, total == 0)
+            if topic.topic in denied:
+                data = FetchedPartition(partition_index=wanted.partition, error_code=TOPIC_AUTHORIZATION_FAILED,
+                                        high_watermark=-1, aborted_transactions=[])
+            else:
+                data = read_partition(broker, topic.topic, wanted, read_committed, budget - total, total == 0)
             if data.error_code:
                 errors = True
             elif data.records:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kafka.protocol.admin import IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse
 
+from ..acls import ALTER_CONFIGS
 from ..admin import (
     LIST,
     TOPIC_CONFIG_TYPES,
@@ -16,6 +17,7 @@ from ..admin import (
     AdminError,
     apply_topic_configs,
     check_alterable,
+    check_config_access,
     duplicate_resources,
 )
 from ..dispatch import api
@@ -76,6 +78,7 @@ async def handle_incremental_alter_configs(broker, context, request):
         try:
             if (resource.resource_type, resource.resource_name) in duplicates:
                 raise AdminError(INVALID_REQUEST, "Each resource must appear at most once.")
+            check_config_access(broker, context, ALTER_CONFIGS, resource.resource_type, resource.resource_name)
             check_alterable(broker, resource)
             if resource.resource_type == TOPIC_RESOURCE:
                 topic = broker.store.get(resource.resource_name)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import JoinGroupRequest, JoinGroupResponse
 
+from ..acls import GROUP, READ
 from ..dispatch import api
+from ..errors import GROUP_AUTHORIZATION_FAILED
 
 Member_ = JoinGroupResponse.JoinGroupResponseMember
 
@@ -23,6 +25,10 @@ def client_host(peer: str) -> str:
 @api(JoinGroupRequest, JoinGroupResponse, 0, 9)
 async def handle_join_group(broker, context, request):
     version = context.version
+    if not broker.allowed(context, READ, GROUP, request.group_id):
+        return JoinGroupResponse(throttle_time_ms=0, error_code=GROUP_AUTHORIZATION_FAILED, generation_id=-1,
+                                 protocol_type=None, protocol_name=None if version >= 7 else "", leader="",
+                                 skip_assignment=False, member_id="", members=[])
     result = await broker.groups.join_group(
         group_id=request.group_id,
         member_id=request.member_id or "",

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import LeaveGroupRequest, LeaveGroupResponse
 
+from ..acls import GROUP, READ
 from ..dispatch import api
+from ..errors import GROUP_AUTHORIZATION_FAILED
 
 MemberResponse_ = LeaveGroupResponse.MemberResponse
 
 
 @api(LeaveGroupRequest, LeaveGroupResponse, 0, 5)
 async def handle_leave_group(broker, context, request):
+    if not broker.allowed(context, READ, GROUP, request.group_id):
+        return LeaveGroupResponse(throttle_time_ms=0, error_code=GROUP_AUTHORIZATION_FAILED, members=[])
     if context.version >= 3:
         leaving = [(m.member_id or "", m.group_instance_id) for m in request.members]
     else:

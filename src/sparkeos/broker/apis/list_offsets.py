@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
 
+from ..acls import DESCRIBE, TOPIC
 from ..dispatch import api
-from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION
 from ..leader_epoch import LEADER_EPOCH, leader_epoch_error
 
 LATEST = -1
@@ -26,7 +27,11 @@ async def handle_list_offsets(broker, context, request):
     read_committed = context.version >= 2 and request.isolation_level == READ_COMMITTED
     topics = []
     for topic in request.topics:
-        partitions = [lookup(broker, topic.name, wanted, read_committed) for wanted in topic.partitions]
+        if broker.allowed(context, DESCRIBE, TOPIC, topic.name):
+            partitions = [lookup(broker, topic.name, wanted, read_committed) for wanted in topic.partitions]
+        else:
+            partitions = [PartitionResponse(partition_index=wanted.partition_index,
+                                            error_code=TOPIC_AUTHORIZATION_FAILED) for wanted in topic.partitions]
         topics.append(TopicResponse(name=topic.name, partitions=partitions))
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 

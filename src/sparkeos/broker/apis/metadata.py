@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+from ..acls import CLUSTER, CLUSTER_NAME, CREATE, DESCRIBE, TOPIC
 from ..core import CLUSTER_ID, NODE_ID
 from ..dispatch import api
-from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION
 from ..leader_epoch import LEADER_EPOCH
 from ..storage.topics import InvalidTopic, Topic
 
@@ -46,7 +47,9 @@ def _describe(topic: Topic) -> Topic_:
 async def handle_metadata(broker, context, request):
     topics: list[Topic_] = []
     if request.topics is None or (context.version == 0 and not request.topics):
-        topics = [_describe(t) for t in broker.store.topics.values()]
+        # Every topic the principal may describe, as Kafka lists them.
+        topics = [_describe(t) for t in broker.store.topics.values()
+                  if broker.allowed(context, DESCRIBE, TOPIC, t.name)]
     else:
         # v4+ lets the client ask not to auto-create; before v4 Kafka always allowed it.
         allow = request.allow_auto_topic_creation if context.version >= 4 else True
@@ -55,8 +58,14 @@ async def handle_metadata(broker, context, request):
             if name is None and getattr(wanted, "topic_id", None) is not None:
                 found = broker.store.by_id(wanted.topic_id)
                 name = found.name if found else None
+            if name and not broker.allowed(context, DESCRIBE, TOPIC, name):
+                topics.append(Topic_(error_code=TOPIC_AUTHORIZATION_FAILED, name=name, partitions=[]))
+                continue
+            # Auto-creation needs CREATE on the cluster or on the topic, as Kafka's.
+            create = allow and (broker.allowed(context, CREATE, CLUSTER, CLUSTER_NAME)
+                                or broker.allowed(context, CREATE, TOPIC, name or ""))
             try:
-                topic = broker.topic_for_metadata(name, allow_auto_create=allow) if name else None
+                topic = broker.topic_for_metadata(name, allow_auto_create=create) if name else None
             except InvalidTopic:
                 topics.append(Topic_(error_code=InvalidTopic.error_code, name=name, partitions=[]))
                 continue

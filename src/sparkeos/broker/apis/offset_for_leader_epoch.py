@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
 
+from ..acls import DESCRIBE, TOPIC
 from ..dispatch import api
-from ..errors import UNKNOWN_TOPIC_OR_PARTITION
+from ..errors import TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION
 from ..leader_epoch import LEADER_EPOCH, leader_epoch_error
 
 TopicResult = OffsetForLeaderEpochResponse.OffsetForLeaderTopicResult
@@ -23,8 +24,12 @@ async def handle_offset_for_leader_epoch(broker, context, request):
         results = []
         for wanted in topic.partitions:
             partition_log = broker.partition(topic.topic, wanted.partition)
-            error = UNKNOWN_TOPIC_OR_PARTITION if partition_log is None else leader_epoch_error(
-                wanted.current_leader_epoch)
+            if not broker.allowed(context, DESCRIBE, TOPIC, topic.topic):
+                error = TOPIC_AUTHORIZATION_FAILED
+            elif partition_log is None:
+                error = UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                error = leader_epoch_error(wanted.current_leader_epoch)
             if error:
                 results.append(EpochEndOffset(error_code=error, partition=wanted.partition))
             elif wanted.leader_epoch > LEADER_EPOCH:

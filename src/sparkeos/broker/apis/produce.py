@@ -24,6 +24,7 @@ import logging
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
+from ..acls import TOPIC, TRANSACTIONAL_ID, WRITE
 from ..compression import ZSTD
 from ..dispatch import api
 from ..errors import (
@@ -31,6 +32,8 @@ from ..errors import (
     INVALID_RECORD,
     INVALID_REQUIRED_ACKS,
     KAFKA_STORAGE_ERROR,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
     UNSUPPORTED_COMPRESSION_TYPE,
 )
@@ -74,11 +77,19 @@ async def handle_produce(broker, context, request):
     acks = request.acks
     results: list[TopicResponse] = []
     touched = []
+    # WRITE on the transactional id for transactional batches, WRITE on each topic, as Kafka's checks.
+    transactional_denied = bool(request.transactional_id) and not broker.allowed(
+        context, WRITE, TRANSACTIONAL_ID, request.transactional_id)
     for topic_data in request.topic_data:
         partitions = []
+        topic_denied = not broker.allowed(context, WRITE, TOPIC, topic_data.name)
         for partition_data in topic_data.partition_data:
             if acks not in (0, 1, -1):
                 partitions.append(_error(partition_data.index, INVALID_REQUIRED_ACKS))
+                continue
+            if transactional_denied or topic_denied:
+                partitions.append(_error(partition_data.index, TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                                         if transactional_denied else TOPIC_AUTHORIZATION_FAILED))
                 continue
             partitions.append(
                 append_partition(broker, request, topic_data.name, partition_data, touched, context.version)

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from kafka.protocol.consumer import SyncGroupRequest, SyncGroupResponse
 
+from ..acls import GROUP, READ
 from ..dispatch import api
+from ..errors import GROUP_AUTHORIZATION_FAILED
 
 
 @api(SyncGroupRequest, SyncGroupResponse, 0, 5)
 async def handle_sync_group(broker, context, request):
     version = context.version
+    if not broker.allowed(context, READ, GROUP, request.group_id):
+        return SyncGroupResponse(throttle_time_ms=0, error_code=GROUP_AUTHORIZATION_FAILED, protocol_type=None,
+                                 protocol_name=None, assignment=b"")
     result = await broker.groups.sync_group(
         group_id=request.group_id,
         generation_id=request.generation_id,

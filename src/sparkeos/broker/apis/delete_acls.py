@@ -1,0 +1,38 @@
+"""DeleteAcls (31): remove the ACLs each filter matches (broker/acls.py), and say which.
+
+Needs ALTER on the cluster; with the authorizer off, SECURITY_DISABLED.
+
+Leaves out:
+- nothing known for versions 0-3 (v0 has no pattern type: its filters match LITERAL patterns only).
+"""
+
+from __future__ import annotations
+
+from kafka.protocol.admin import DeleteAclsRequest, DeleteAclsResponse
+
+from ..acls import ALTER, LITERAL, AclFilter
+from ..dispatch import api
+from .describe_acls import refusal
+
+FilterResult = DeleteAclsResponse.DeleteAclsFilterResult
+
+
+@api(DeleteAclsRequest, DeleteAclsResponse, 0, 3)
+async def handle_delete_acls(broker, context, request):
+    refused = refusal(broker, context, ALTER)
+    results = []
+    for wanted in request.filters:
+        if refused:
+            results.append(FilterResult(error_code=refused[0], error_message=refused[1], matching_acls=[]))
+            continue
+        removed = broker.authorizer.remove(AclFilter(
+            wanted.resource_type_filter, wanted.resource_name_filter,
+            wanted.pattern_type_filter if context.version >= 1 else LITERAL,
+            wanted.principal_filter, wanted.host_filter, wanted.operation, wanted.permission_type))
+        results.append(FilterResult(error_code=0, error_message=None, matching_acls=[
+            FilterResult.DeleteAclsMatchingAcl(error_code=0, error_message=None, resource_type=acl.resource_type,
+                                               resource_name=acl.resource_name, pattern_type=acl.pattern_type,
+                                               principal=acl.principal, host=acl.host, operation=acl.operation,
+                                               permission_type=acl.permission_type)
+            for acl in removed]))
+    return DeleteAclsResponse(throttle_time_ms=0, filter_results=results)
