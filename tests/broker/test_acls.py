@@ -34,6 +34,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeRequest,
     SaslHandshakeResponse,
 )
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.credentials import CredentialStore, new_credential
@@ -80,15 +81,21 @@ def create_acls(broker: EmbeddedBroker, bindings: list[AclBinding]) -> None:
         future.result(30)
 
 
-def describe_acls_error(broker: EmbeddedBroker, user: str) -> int:
-    """The error code of a DescribeAcls of everything, asked on the wire after authenticating as `user`."""
-    with WireClient(broker.bootstrap_servers) as wire:
-        wire.request(SaslHandshakeRequest(mechanism="PLAIN"), SaslHandshakeResponse, 1)
-        token = b"\x00%s\x00%s" % (user.encode(), USERS[user].encode())
-        assert wire.request(SaslAuthenticateRequest(auth_bytes=token), SaslAuthenticateResponse, 1).error_code == 0
+def authenticated(broker: EmbeddedBroker, user: str) -> WireClient:
+    """A raw connection, authenticated as `user` (PLAIN)."""
+    wire = WireClient(broker.bootstrap_servers)
+    wire.request(SaslHandshakeRequest(mechanism="PLAIN"), SaslHandshakeResponse, 1)
+    token = b"\x00%s\x00%s" % (user.encode(), USERS[user].encode())
+    assert wire.request(SaslAuthenticateRequest(auth_bytes=token), SaslAuthenticateResponse, 1).error_code == 0
+    return wire
+
+
+def describe_acls_error(broker: EmbeddedBroker, user: str, resource_type: int = 1) -> int:
+    """The error code of a DescribeAcls of everything (of `resource_type`), asked on the wire as `user`."""
+    with authenticated(broker, user) as wire:
         answer = wire.request(DescribeAclsRequest(
-            resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1, principal_filter=None,
-            host_filter=None, operation=1, permission_type=1), DescribeAclsResponse, 1)
+            resource_type_filter=resource_type, resource_name_filter=None, pattern_type_filter=1,
+            principal_filter=None, host_filter=None, operation=1, permission_type=1), DescribeAclsResponse, 1)
         return answer.error_code
 
 
@@ -280,3 +287,33 @@ def test_each_admin_operation_without_its_acl_gets_kafkas_error(guarded) -> None
         for _ in range(150):
             producer.poll(0.2)
     assert raised.value.args[0].name() == "CLUSTER_AUTHORIZATION_FAILED"
+
+
+def test_a_principal_that_may_write_a_topic_cannot_write_into_another_producers_transaction(guarded) -> None:
+    """Transactional batches need the transactional id, and the principal's WRITE on it: a batch that names
+    another producer's id and epoch, and no transactional id, is refused rather than added to its transaction."""
+    topic = f"shared-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient(client(guarded, "admin"))
+    futures = admin.create_topics([NewTopic(topic, 1)])
+    futures[topic].result(30)
+    create_acls(guarded, [allow(ResourceType.TOPIC, topic, AclOperation.WRITE, principal="User:bob")])
+    owner = Producer({**client(guarded, "admin"), "transactional.id": "owned"})
+    owner.init_transactions(30)
+    owner.begin_transaction()
+    owner.produce(topic, b"the owner's", partition=0)
+    owner.flush(30)
+    with authenticated(guarded, "admin") as wire:
+        (batch,) = [b for b in wire.log_batches(topic) if not b.control]
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True,
+                                        producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+                                        base_sequence=1, batch_size=1 << 20)
+    builder.append(0, timestamp=None, key=None, value=b"bob's", headers=[])
+    with authenticated(guarded, "bob") as wire:
+        answer = wire.produce(topic, 0, bytes(builder.build()))
+    assert answer.error_code == 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    owner.commit_transaction(30)
+    assert consume_first_error_or_values(client(guarded, "admin"), topic, "reader", 1) == [b"the owner's"]
+
+
+def test_an_acl_filter_kafka_refuses_is_an_invalid_request(guarded) -> None:
+    assert describe_acls_error(guarded, "admin", resource_type=0) == 42  # INVALID_REQUEST: UNKNOWN resource type

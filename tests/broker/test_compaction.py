@@ -10,8 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    OffsetSpec,
+    ResourceType,
+)
 
 from sparkeos import failpoints
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
@@ -29,10 +36,10 @@ NO_DELETE_RETENTION = {**EAGER, "delete.retention.ms": "0"}
 Written = dict[int, tuple[bytes, bytes | None]]  # offset -> (key, value)
 
 
-def produce(bootstrap: str, topic: str, pairs: list[tuple[bytes, bytes | None]]) -> Written:
-    """(key, value) pairs, one batch each, idempotently; returns what each offset holds."""
+def produce(bootstrap: str, topic: str, pairs: list[tuple[bytes, bytes | None]], **config) -> Written:
+    """(key, value) pairs, idempotently (with librdkafka's `config`); returns what each offset holds."""
     written: dict[int, tuple[bytes, bytes | None]] = {}
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0, **config})
     for key, value in pairs:
         producer.produce(topic, value, key=key, partition=0,
                          on_delivery=lambda error, message: written.__setitem__(
@@ -243,3 +250,26 @@ def test_a_broker_killed_at_each_step_of_a_cleaning_pass_restarts_with_the_commi
             transactions.committed, transactions.aborted, transactions.rounds)
         carrying_on.write(3)
         carrying_on.check(bootstrap)
+
+
+def test_segments_the_cleaner_emptied_still_expire_under_compact_delete(tmp_path: Path) -> None:
+    """compact,delete: the cleaner empties the segments whose keys were all overwritten later, and retention.ms
+    then deletes old segments from the start of the log as usual (an emptied segment has no timestamp left: it
+    must not stop retention there)."""
+    config = {**NO_DELETE_RETENTION, "cleanup.policy": "compact,delete", "retention.ms": "6000"}
+    with EmbeddedBroker(tmp_path / "broker") as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, unique("compact-delete"), config=config)
+        # One record per batch: the segments before the last of them hold no producer's last batch, and empty.
+        written = produce(bootstrap, topic, [(b"key-%d" % (i % 5), b"value-%d" % i) for i in range(400)],
+                          **{"batch.num.messages": 1})
+        rolled = roll_past(bootstrap, topic)
+        produce(bootstrap, topic, [(b"late", b"in the active segment")])
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        partition = TopicPartition(topic, 0)
+
+        def log_start() -> int:
+            return admin.list_offsets({partition: OffsetSpec.earliest()})[partition].result(30).offset
+
+        wait_for(lambda: log_start() > max(written), timeout_s=60, what="retention to pass the emptied segments")
+        assert log_start() <= max(rolled) + 1

@@ -75,6 +75,14 @@ class Acl:
         if self.permission_type not in (DENY, ALLOW):
             raise AclError(f"Invalid permission type {self.permission_type}")
 
+    def covers(self, other: Acl) -> bool:
+        """Whether every resource `other`'s pattern names is one this pattern names."""
+        if self.resource_name == WILDCARD and self.pattern_type == LITERAL:
+            return True
+        if self.pattern_type == PREFIXED:
+            return other.resource_name.startswith(self.resource_name)
+        return other.pattern_type == LITERAL and other.resource_name == self.resource_name
+
     def applies_to(self, resource_type: int, name: str) -> bool:
         if self.resource_type != resource_type:
             return False
@@ -92,6 +100,17 @@ class AclFilter:
     host: str | None
     operation: int
     permission_type: int
+
+    def validate(self) -> None:
+        """AclError for a filter Kafka refuses: an UNKNOWN (0) or unknown value in any field."""
+        if self.resource_type != ANY and self.resource_type not in RESOURCE_TYPES:
+            raise AclError(f"Invalid resource type filter {self.resource_type}")
+        if self.pattern_type not in (ANY, MATCH, LITERAL, PREFIXED):
+            raise AclError(f"Invalid pattern type filter {self.pattern_type}")
+        if self.operation != ANY and self.operation not in OPERATIONS:
+            raise AclError(f"Invalid operation filter {self.operation}")
+        if self.permission_type not in (ANY, DENY, ALLOW):
+            raise AclError(f"Invalid permission type filter {self.permission_type}")
 
     def matches(self, acl: Acl) -> bool:
         if self.resource_type != ANY and acl.resource_type != self.resource_type:
@@ -145,10 +164,10 @@ class Authorizer:
         allowing = (operation, ALL, *IMPLIED_BY.get(operation, ()))
         entries = [acl for acl in self.acls if acl.resource_type == resource_type
                    and acl.principal in (principal, "User:*") and acl.host in (host, WILDCARD)]
-        if any(acl.permission_type == DENY and acl.operation in (operation, ALL) and acl.resource_name == WILDCARD
-               for acl in entries):
-            return False
-        return any(acl.permission_type == ALLOW and acl.operation in allowing for acl in entries)
+        denies = [acl for acl in entries if acl.permission_type == DENY and acl.operation in (operation, ALL)]
+        # An ALLOW counts unless a DENY covers the resources it names (Kafka's authorizeByResourceType).
+        return any(acl.permission_type == ALLOW and acl.operation in allowing
+                   and not any(deny.covers(acl) for deny in denies) for acl in entries)
 
     def add(self, acls: list[Acl]) -> None:
         for acl in acls:

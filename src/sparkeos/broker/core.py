@@ -20,7 +20,7 @@ from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
 from .credentials import CredentialStore
-from .errors import INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE
+from .errors import INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 from .listeners import Listener
 from .records import HEADER_SIZE, InvalidBatch, parse_header
 from .sasl import MECHANISMS
@@ -164,6 +164,9 @@ class Broker:
         if txn is not None and header.producer_epoch < txn.producer_epoch:
             raise InvalidBatch(INVALID_PRODUCER_EPOCH, f"producer {header.producer_id} epoch "
                                                        f"{header.producer_epoch} has been fenced")
+        if self.authorizer.enabled and txn is not None and txn.transactional_id != request.transactional_id:
+            raise InvalidBatch(TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                               f"producer {header.producer_id} is not the producer of {request.transactional_id!r}")
         if txn is None or txn.state != ONGOING or (topic, partition) not in txn.partitions:
             raise InvalidBatch(
                 INVALID_TXN_STATE, f"transactional produce to {topic}-{partition} outside a transaction"
@@ -287,10 +290,13 @@ class Broker:
                         plan = partition_log.plan_cleaning(int(time.time() * 1000))
                         if plan is None:
                             continue
-                        await loop.run_in_executor(self._cleaner_pool, cleaner.write, plan)
+                        try:
+                            await loop.run_in_executor(self._cleaner_pool, cleaner.write, plan)
+                        except BaseException:
+                            cleaner.abandon(plan)
+                            raise
                         if self.store.partition(topic.name, index) is not partition_log:  # deleted meanwhile
-                            for path in plan.cleaned:
-                                path.unlink(missing_ok=True)
+                            cleaner.abandon(plan)
                         elif partition_log.finish_cleaning(plan):
                             log.info("cleaned %s-%d: %d records removed, %d -> %d bytes", topic.name, index,
                                      plan.records_removed, plan.bytes_before, plan.bytes_after)

@@ -87,6 +87,9 @@ def check_iterations(mechanism: str, iterations: int) -> None:
         raise ValueError(f"Iterations {iterations} is more than the maximum {MAX_ITERATIONS} for {mechanism}")
 
 
+_UNKNOWN_USER = credential_from_salted("SCRAM-SHA-512", b"\x00" * 24, DEFAULT_ITERATIONS, b"\x00" * 64)
+
+
 class CredentialStore:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / CREDENTIALS_FILE
@@ -102,8 +105,12 @@ class CredentialStore:
 
     def password_matches(self, user: str, password: str) -> bool:
         """PLAIN: whether `password` is `user`'s, by any of the user's SCRAM credentials."""
-        credentials = self.users.get(user, {})
-        return bool(credentials) and any(c.matches(password) for c in credentials.values())
+        credentials = self.users.get(user)
+        if not credentials:
+            # As long as for a user that exists, so that timing does not tell which users do.
+            _UNKNOWN_USER.matches(password)
+            return False
+        return any(c.matches(password) for c in credentials.values())
 
     def put(self, user: str, credential: ScramCredential) -> None:
         self.users.setdefault(user, {})[credential.mechanism] = credential

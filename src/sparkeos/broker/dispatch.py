@@ -28,7 +28,8 @@ class RequestContext:
     @property
     def host(self) -> str:
         """The client's IP address, as ACLs name hosts."""
-        return self.peer.rpartition(":")[0].strip("[]")
+        host = self.peer.rpartition(":")[0].strip("[]")
+        return host.removeprefix("::ffff:")  # an IPv4 client of a dual-stack socket, as Java names it
 
 
 Handler = Callable[["Broker", RequestContext, Any], Awaitable[Any]]

@@ -93,7 +93,7 @@ class Scram:
         attributes = dict(item.split("=", 1) for item in pieces[2].split(",") if "=" in item)
         user = attributes.get("n", "").replace("=2C", ",").replace("=3D", "=")
         client_nonce = attributes.get("r", "")
-        authzid = pieces[1][2:] if pieces[1].startswith("a=") else ""
+        authzid = pieces[1][2:].replace("=2C", ",").replace("=3D", "=") if pieces[1].startswith("a=") else ""
         if not user or not client_nonce:
             raise SaslError(SASL_AUTHENTICATION_FAILED, "Invalid SCRAM client first message: no user or nonce")
         if authzid and authzid != user:
@@ -155,9 +155,11 @@ class ConnectionAuth:
 
     def allows(self, api_key: int) -> bool:
         """Whether a request of `api_key` may be started now; if not, the connection is closed."""
-        if self.authenticated or api_key == API_VERSIONS:
+        if self.authenticated:
             return True
-        return api_key == (SASL_AUTHENTICATE if self.mechanism is not None else SASL_HANDSHAKE)
+        if self.mechanism is not None:  # after the handshake, only its tokens, as Kafka's authenticator
+            return api_key == SASL_AUTHENTICATE
+        return api_key in (API_VERSIONS, SASL_HANDSHAKE)
 
     def handshake(self, mechanism: str, credentials: CredentialStore) -> None:
         if not self.sasl or self.authenticated or self.mechanism is not None:

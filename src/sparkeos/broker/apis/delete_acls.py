@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from kafka.protocol.admin import DeleteAclsRequest, DeleteAclsResponse
 
-from ..acls import ALTER, LITERAL, AclFilter
+from ..acls import ALTER, LITERAL, AclError, AclFilter
 from ..dispatch import api
+from ..errors import INVALID_REQUEST
 from .describe_acls import refusal
 
 FilterResult = DeleteAclsResponse.DeleteAclsFilterResult
@@ -25,10 +26,16 @@ async def handle_delete_acls(broker, context, request):
         if refused:
             results.append(FilterResult(error_code=refused[0], error_message=refused[1], matching_acls=[]))
             continue
-        removed = broker.authorizer.remove(AclFilter(
+        matching = AclFilter(
             wanted.resource_type_filter, wanted.resource_name_filter,
             wanted.pattern_type_filter if context.version >= 1 else LITERAL,
-            wanted.principal_filter, wanted.host_filter, wanted.operation, wanted.permission_type))
+            wanted.principal_filter, wanted.host_filter, wanted.operation, wanted.permission_type)
+        try:
+            matching.validate()
+        except AclError as error:
+            results.append(FilterResult(error_code=INVALID_REQUEST, error_message=str(error), matching_acls=[]))
+            continue
+        removed = broker.authorizer.remove(matching)
         results.append(FilterResult(error_code=0, error_message=None, matching_acls=[
             FilterResult.DeleteAclsMatchingAcl(error_code=0, error_message=None, resource_type=acl.resource_type,
                                                resource_name=acl.resource_name, pattern_type=acl.pattern_type,

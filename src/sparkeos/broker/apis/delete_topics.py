@@ -45,7 +45,8 @@ async def handle_delete_topics(broker, context, request):
             results.append(_result(name, ZERO_UUID, INVALID_REQUEST, "Duplicate topic name."))
         elif name is None and ids.count(topic_id) > 1:
             results.append(_result(None, topic_id, INVALID_REQUEST, "Duplicate topic id."))
-        elif not broker.allowed(context, DELETE, TOPIC, name or _name_of(broker, topic_id)):
+        elif (name is not None or broker.store.by_id(topic_id) is not None) and not broker.allowed(
+                context, DELETE, TOPIC, name or _name_of(broker, topic_id)):
             results.append(_result(name, topic_id, TOPIC_AUTHORIZATION_FAILED, "Authorization failed."))
         else:
             results.append(_delete(broker, name, topic_id))

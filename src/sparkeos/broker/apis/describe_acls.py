@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from kafka.protocol.admin import DescribeAclsRequest, DescribeAclsResponse
 
-from ..acls import CLUSTER, CLUSTER_NAME, DESCRIBE, LITERAL, AclFilter
+from ..acls import CLUSTER, CLUSTER_NAME, DESCRIBE, LITERAL, AclError, AclFilter
 from ..dispatch import api
-from ..errors import CLUSTER_AUTHORIZATION_FAILED, SECURITY_DISABLED
+from ..errors import CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST, SECURITY_DISABLED
 
 Resource_ = DescribeAclsResponse.DescribeAclsResource
 
@@ -35,6 +35,11 @@ async def handle_describe_acls(broker, context, request):
     matching = AclFilter(request.resource_type_filter, request.resource_name_filter,
                          request.pattern_type_filter if context.version >= 1 else LITERAL,
                          request.principal_filter, request.host_filter, request.operation, request.permission_type)
+    try:
+        matching.validate()
+    except AclError as error:
+        return DescribeAclsResponse(throttle_time_ms=0, error_code=INVALID_REQUEST, error_message=str(error),
+                                    resources=[])
     grouped: dict[tuple[int, str, int], list] = {}
     for acl in broker.authorizer.acls:
         if matching.matches(acl):

@@ -62,15 +62,18 @@ async def handle_metadata(broker, context, request):
                 topics.append(Topic_(error_code=TOPIC_AUTHORIZATION_FAILED, name=name, partitions=[]))
                 continue
             # Auto-creation needs CREATE on the cluster or on the topic, as Kafka's.
-            create = allow and (broker.allowed(context, CREATE, CLUSTER, CLUSTER_NAME)
-                                or broker.allowed(context, CREATE, TOPIC, name or ""))
+            may_create = (broker.allowed(context, CREATE, CLUSTER, CLUSTER_NAME)
+                          or broker.allowed(context, CREATE, TOPIC, name or ""))
             try:
-                topic = broker.topic_for_metadata(name, allow_auto_create=create) if name else None
+                topic = broker.topic_for_metadata(name, allow_auto_create=allow and may_create) if name else None
             except InvalidTopic:
                 topics.append(Topic_(error_code=InvalidTopic.error_code, name=name, partitions=[]))
                 continue
             if topic is None:
-                topics.append(Topic_(error_code=UNKNOWN_TOPIC_OR_PARTITION, name=name, partitions=[]))
+                # A topic the broker would have created but for the principal's rights: as Kafka answers.
+                denied = allow and not may_create and broker.config.auto_create_topics
+                topics.append(Topic_(error_code=TOPIC_AUTHORIZATION_FAILED if denied else UNKNOWN_TOPIC_OR_PARTITION,
+                                     name=name, partitions=[]))
             else:
                 topics.append(_describe(topic))
     return MetadataResponse(

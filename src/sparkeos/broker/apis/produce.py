@@ -40,7 +40,7 @@ from ..errors import (
 from ..produce_decoding import MIN_VERSION as FIRST_DEDICATED_VERSION
 from ..produce_decoding import decode_produce_request
 from ..protocol import decode_generic
-from ..records import ATTR_COMPRESSION_MASK, InvalidBatch
+from ..records import ATTR_COMPRESSION_MASK, HEADER_SIZE, InvalidBatch, parse_header
 from ..storage.producer_state import SequenceError
 
 log = logging.getLogger("sparkeos.broker.produce")
@@ -77,9 +77,15 @@ async def handle_produce(broker, context, request):
     acks = request.acks
     results: list[TopicResponse] = []
     touched = []
-    # WRITE on the transactional id for transactional batches, WRITE on each topic, as Kafka's checks.
-    transactional_denied = bool(request.transactional_id) and not broker.allowed(
-        context, WRITE, TRANSACTIONAL_ID, request.transactional_id)
+    # WRITE on the transactional id for transactional batches, WRITE on each topic, as Kafka's checks. With the
+    # authorizer on, transactional batches need a transactional id, and it must be their producer's: else a
+    # principal allowed to write a topic could append to another producer's transaction.
+    transactional = broker.authorizer.enabled and any(
+        _is_transactional(partition_data.records)
+        for topic_data in request.topic_data for partition_data in topic_data.partition_data)
+    transactional_denied = (transactional and not request.transactional_id) or (
+        bool(request.transactional_id) and not broker.allowed(context, WRITE, TRANSACTIONAL_ID,
+                                                              request.transactional_id))
     for topic_data in request.topic_data:
         partitions = []
         topic_denied = not broker.allowed(context, WRITE, TOPIC, topic_data.name)
@@ -103,6 +109,10 @@ async def handle_produce(broker, context, request):
         for partition_log in touched:
             await broker.make_durable(partition_log)
     return ProduceResponse(responses=results, throttle_time_ms=0)
+
+
+def _is_transactional(records) -> bool:
+    return records is not None and len(records) >= HEADER_SIZE and parse_header(records).is_transactional
 
 
 def _whole_batch_size(records: bytes | memoryview, pos: int) -> int | None:

@@ -77,6 +77,7 @@ class Plan:
 
     # Filled in by `write`:
     cleaned: list[Path] = field(default_factory=list)
+    replacements: list[Segment] = field(default_factory=list)  # the cleaned files, opened and indexed
     removed_abort_markers: set[tuple[int, int]] = field(default_factory=set)  # (producer id, marker offset)
     records_removed: int = 0
     bytes_before: int = 0
@@ -126,7 +127,7 @@ def remove_leftovers(directory: Path) -> None:
 
 
 def write(plan: Plan) -> Plan:
-    """Write each segment of `plan` cleaned, next to it; fills in what the swap needs."""
+    """Write each segment of `plan` cleaned, next to it, and open it; fills in what the swap needs."""
     aborted: dict[int, list[tuple[int, int]]] = {}
     for producer_id, first, last in plan.aborted:
         aborted.setdefault(producer_id, []).append((first, last))
@@ -178,7 +179,18 @@ def write(plan: Plan) -> Plan:
         os.utime(cleaned, ns=(item.last_modified_ms * 1_000_000, item.last_modified_ms * 1_000_000))
         plan.bytes_after += sum(len(b) for b in out)
         plan.cleaned.append(cleaned)
+        replacement = Segment(cleaned, item.base_offset)
+        plan.replacements.append(replacement)
+        replacement.recover(verify_crc=False)
     return plan
+
+
+def abandon(plan: Plan) -> None:
+    """Drop what a pass wrote: it is not to be swapped in (the log changed meanwhile, or writing failed)."""
+    for replacement in plan.replacements:
+        replacement.close()
+    for path in plan.cleaned:
+        path.unlink(missing_ok=True)
 
 
 def _batches(path: Path, size: int) -> Iterator[tuple[BatchHeader, bytes]]:

@@ -438,9 +438,9 @@ class PartitionLog:
 
     def _breaches_retention(self, segment: Segment, now_ms: int) -> bool:
         config = self.config
-        too_old = config.retention_ms >= 0 and segment.max_timestamp >= 0 and (
-            now_ms - segment.max_timestamp > config.retention_ms
-        )
+        # A closed segment the cleaner emptied has no timestamp left: nothing in it to keep.
+        too_old = config.retention_ms >= 0 and (segment.size == 0 or segment.max_timestamp >= 0 and (
+            now_ms - segment.max_timestamp > config.retention_ms))
         too_big = config.retention_bytes >= 0 and self.size_bytes - segment.size >= config.retention_bytes
         return too_old or too_big
 
@@ -474,8 +474,7 @@ class PartitionLog:
         current = {id(s): s for s in self.segments[:-1]}
         if any(current.get(id(item.segment)) is not item.segment or item.segment.size != item.size
                for item in plan.segments):
-            for path in plan.cleaned:
-                path.unlink(missing_ok=True)
+            cleaner.abandon(plan)
             return False
         failpoints.fire(cleaner.STEP_WRITTEN)
         if plan.removed_abort_markers:
@@ -485,12 +484,20 @@ class PartitionLog:
             self._aborted_index.rewrite(
                 [{"pid": a.producer_id, "first": a.first_offset, "last": a.last_offset} for a in self.aborted])
             failpoints.fire(cleaner.STEP_INDEX_REWRITTEN)
-        for item, cleaned in zip(plan.segments, plan.cleaned, strict=True):
+        for item, replacement in zip(plan.segments, plan.replacements, strict=True):
+            # The replacement was opened and indexed on the cleaner's thread; the old segment is closed only once
+            # the replacement stands in the log, so no reader ever meets a closed one.
+            os.replace(replacement.path, item.path)
+            replacement.path = item.path
+            position = self.segments.index(item.segment)
+            if replacement.size == 0 and position > 0:
+                # Nothing left in it: gone, as Kafka's cleaner leaves no empty segment behind (the first stays, so
+                # that the log start offset does not move).
+                self.segments.pop(position)
+                replacement.delete()
+            else:
+                self.segments[position] = replacement
             item.segment.close()
-            os.replace(cleaned, item.path)
-            replacement = Segment(item.path, item.base_offset)
-            replacement.recover(verify_crc=False)
-            self.segments[self.segments.index(item.segment)] = replacement
             failpoints.fire(cleaner.STEP_SEGMENT_SWAPPED)
         fsync_directory(self.directory)
         self.cleaned_upto = plan.segments[-1].segment.next_offset
