@@ -75,6 +75,16 @@ class Acl:
         if self.permission_type not in (DENY, ALLOW):
             raise AclError(f"Invalid permission type {self.permission_type}")
 
+    def binds(self, principal: str | None, host: str) -> bool:
+        """Whether the entry is about this principal connecting from this host."""
+        return self.principal in (principal, "User:*") and self.host in (host, WILDCARD)
+
+    def allows(self, operation: int) -> bool:
+        return self.permission_type == ALLOW and self.operation in (operation, ALL, *IMPLIED_BY.get(operation, ()))
+
+    def denies(self, operation: int) -> bool:
+        return self.permission_type == DENY and self.operation in (operation, ALL)
+
     def covers(self, other: Acl) -> bool:
         """Whether every resource `other`'s pattern names is one this pattern names."""
         if self.resource_name == WILDCARD and self.pattern_type == LITERAL:
@@ -149,25 +159,18 @@ class Authorizer:
         on_resource = [acl for acl in self.acls if acl.applies_to(resource_type, name)]
         if not on_resource and self.allow_if_no_acl:
             return True
-        relevant = [acl for acl in on_resource
-                    if acl.principal in (principal, "User:*") and acl.host in (host, WILDCARD)]
-        if any(acl.permission_type == DENY and acl.operation in (operation, ALL) for acl in relevant):
-            return False
-        allowing = (operation, ALL, *IMPLIED_BY.get(operation, ()))
-        return any(acl.permission_type == ALLOW and acl.operation in allowing for acl in relevant)
+        relevant = [acl for acl in on_resource if acl.binds(principal, host)]
+        return not any(acl.denies(operation) for acl in relevant) and any(acl.allows(operation) for acl in relevant)
 
     def allowed_on_any(self, principal: str | None, host: str, operation: int, resource_type: int) -> bool:
         """Whether an ACL allows `operation` on some resource of the type (Kafka's authorizeByResourceType, as for
         an idempotent producer's WRITE on any topic)."""
         if not self.enabled or principal in self.super_users:
             return True
-        allowing = (operation, ALL, *IMPLIED_BY.get(operation, ()))
-        entries = [acl for acl in self.acls if acl.resource_type == resource_type
-                   and acl.principal in (principal, "User:*") and acl.host in (host, WILDCARD)]
-        denies = [acl for acl in entries if acl.permission_type == DENY and acl.operation in (operation, ALL)]
+        entries = [acl for acl in self.acls if acl.resource_type == resource_type and acl.binds(principal, host)]
+        denies = [acl for acl in entries if acl.denies(operation)]
         # An ALLOW counts unless a DENY covers the resources it names (Kafka's authorizeByResourceType).
-        return any(acl.permission_type == ALLOW and acl.operation in allowing
-                   and not any(deny.covers(acl) for deny in denies) for acl in entries)
+        return any(acl.allows(operation) and not any(deny.covers(acl) for deny in denies) for acl in entries)
 
     def add(self, acls: list[Acl]) -> None:
         for acl in acls:

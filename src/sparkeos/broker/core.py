@@ -287,21 +287,26 @@ class Broker:
             for topic in list(self.store.topics.values()):
                 for index, partition_log in enumerate(list(topic.partitions)):
                     try:
-                        plan = partition_log.plan_cleaning(int(time.time() * 1000))
-                        if plan is None:
-                            continue
-                        try:
-                            await loop.run_in_executor(self._cleaner_pool, cleaner.write, plan)
-                        except BaseException:
-                            cleaner.abandon(plan)
-                            raise
-                        if self.store.partition(topic.name, index) is not partition_log:  # deleted meanwhile
-                            cleaner.abandon(plan)
-                        elif partition_log.finish_cleaning(plan):
-                            log.info("cleaned %s-%d: %d records removed, %d -> %d bytes", topic.name, index,
-                                     plan.records_removed, plan.bytes_before, plan.bytes_after)
+                        await self._clean_partition(loop, topic.name, index, partition_log)
                     except Exception:  # the cleaner must never stop serving
                         log.exception("cleaning %s-%d failed", topic.name, index)
+
+    async def _clean_partition(self, loop: asyncio.AbstractEventLoop, topic: str, index: int,
+                               partition_log: PartitionLog) -> None:
+        """One pass over a partition, if it is dirty enough: written on the cleaner's thread, swapped in here."""
+        plan = partition_log.plan_cleaning(int(time.time() * 1000))
+        if plan is None:
+            return
+        try:
+            await loop.run_in_executor(self._cleaner_pool, cleaner.write, plan)
+        except BaseException:
+            cleaner.abandon(plan)
+            raise
+        if self.store.partition(topic, index) is not partition_log:  # deleted meanwhile
+            cleaner.abandon(plan)
+        elif partition_log.finish_cleaning(plan):
+            log.info("cleaned %s-%d: %d records removed, %d -> %d bytes", topic, index, plan.records_removed,
+                     plan.bytes_before, plan.bytes_after)
 
     async def _housekeep(self) -> None:
         interval_sync = self.config.fsync == "interval"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from kafka.protocol.admin import DeleteAclsRequest, DeleteAclsResponse
 
-from ..acls import ALTER, LITERAL, AclError, AclFilter
+from ..acls import ALTER, AclError
 from ..dispatch import api
 from ..errors import INVALID_REQUEST
-from .describe_acls import refusal
+from .describe_acls import acl_filter, refusal
 
 FilterResult = DeleteAclsResponse.DeleteAclsFilterResult
 
@@ -26,10 +26,7 @@ async def handle_delete_acls(broker, context, request):
         if refused:
             results.append(FilterResult(error_code=refused[0], error_message=refused[1], matching_acls=[]))
             continue
-        matching = AclFilter(
-            wanted.resource_type_filter, wanted.resource_name_filter,
-            wanted.pattern_type_filter if context.version >= 1 else LITERAL,
-            wanted.principal_filter, wanted.host_filter, wanted.operation, wanted.permission_type)
+        matching = acl_filter(wanted, context.version)
         try:
             matching.validate()
         except AclError as error:

@@ -27,14 +27,19 @@ def refusal(broker, context, operation: int) -> tuple[int, str] | None:
     return None
 
 
+def acl_filter(wanted, version: int) -> AclFilter:
+    """The filter of a DescribeAcls request or of one of DeleteAcls' filters (their fields are named alike)."""
+    return AclFilter(wanted.resource_type_filter, wanted.resource_name_filter,
+                     wanted.pattern_type_filter if version >= 1 else LITERAL,
+                     wanted.principal_filter, wanted.host_filter, wanted.operation, wanted.permission_type)
+
+
 @api(DescribeAclsRequest, DescribeAclsResponse, 0, 3)
 async def handle_describe_acls(broker, context, request):
     refused = refusal(broker, context, DESCRIBE)
     if refused:
         return DescribeAclsResponse(throttle_time_ms=0, error_code=refused[0], error_message=refused[1], resources=[])
-    matching = AclFilter(request.resource_type_filter, request.resource_name_filter,
-                         request.pattern_type_filter if context.version >= 1 else LITERAL,
-                         request.principal_filter, request.host_filter, request.operation, request.permission_type)
+    matching = acl_filter(request, context.version)
     try:
         matching.validate()
     except AclError as error:
