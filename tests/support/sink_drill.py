@@ -69,8 +69,8 @@ class Kill:
 
 @dataclass
 class AimedKill:
-    """Kill just after ``found()`` gained an element, once the run committed a batch; or, with ``hold_at``, while the
-    driver is held at that step of the sink's protocol (sparkeos.failpoints): for a moment that polling misses
+    """Kill just after ``found()`` gained an element, once the run committed a new batch; or, with ``hold_at``, while
+    the driver is held at that step of the sink's protocol (sparkeos.failpoints): for a moment that polling misses
     when the driver goes on faster than a poll (a batch decided, then committed and logged within milliseconds on a
     loaded machine)."""
 
@@ -163,10 +163,12 @@ def query_id(driver: Driver) -> str | None:
 
 
 def kill_aimed(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random, aimed: AimedKill) -> str:
-    committed = len(committed_batches(checkpoint))
+    # A batch the last driver did not plan: the replay of one it left adds nothing to the output once its decision
+    # was finished, and the output is to grow between kills.
+    known = max(len(committed_batches(checkpoint)), len(planned_batches(checkpoint)))
     driver.wait_running(STARTUP_TIMEOUT_S)
-    wait_for(lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
-             timeout_s=STARTUP_TIMEOUT_S, interval_s=0.05, what=f"driver {cycle} to commit a batch")
+    wait_for(lambda: len(committed_batches(checkpoint)) > known or not driver.alive(),
+             timeout_s=STARTUP_TIMEOUT_S, interval_s=0.05, what=f"driver {cycle} to commit a new batch")
     if aimed.hold_at is not None:
         held = failpoints.arm_hold(FAILPOINT_DIR, aimed.hold_at)
         try:
@@ -174,8 +176,8 @@ def kill_aimed(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random,
         finally:
             failpoints.disarm_hold(FAILPOINT_DIR, aimed.hold_at)  # untaken, it would hold the next driver
         return aimed.moment
-    known = aimed.found()
-    driver.kill_when(lambda: bool(aimed.found() - known), delay_s=rng.uniform(0, aimed.max_delay_s))
+    found = aimed.found()
+    driver.kill_when(lambda: bool(aimed.found() - found), delay_s=rng.uniform(0, aimed.max_delay_s))
     return aimed.moment
 
 

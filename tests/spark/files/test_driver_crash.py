@@ -42,8 +42,10 @@ class FilesTarget(DrillTarget):
     def __init__(self, tmp_path: Path):
         self.path = tmp_path / "out"
         self.log_dir = tmp_path
-        decided = AimedKill("decided", lambda: decision_files(self.path), max_delay_s=0.03)
-        self.aimed = {1: decided, 3: decided}
+        # The poll aims at the short window after a decision file appeared; on a loaded machine the driver may commit
+        # and log the batch before a poll sees the file, so the second aim holds the driver just after its decision.
+        self.aimed = {1: AimedKill("decided", lambda: decision_files(self.path), max_delay_s=0.03),
+                      3: AimedKill("decided", hold_at="2pc.decided")}
         self.reader = DirectoryReader(self.path)
 
     def job_args(self, bootstrap: str, source: str, checkpoint: Path) -> list[str]:
