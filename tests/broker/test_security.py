@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import trustme
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -37,6 +36,7 @@ from sparkeos.broker import BrokerProcess, EmbeddedBroker
 from sparkeos.broker.credentials import CredentialStore, new_credential
 from sparkeos.broker.listeners import parse_listeners
 from support.kafka_java import run_kafka_check
+from support.secured import make_certificates
 from support.wire import ConnectionClosed, WireClient
 
 LISTENERS = "SASL_SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0"
@@ -47,16 +47,7 @@ USER, PASSWORD = "alice", "alice-secret"
 @pytest.fixture(scope="session")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA, and the broker's certificate for 127.0.0.1 signed by it: PEM files."""
-    directory = tmp_path_factory.mktemp("certificates")
-    authority = trustme.CA()
-    certificate = authority.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": directory / "ca.pem", "cert": directory / "broker.pem", "key": directory / "broker-key.pem"}
-    authority.cert_pem.write_to_path(str(paths["ca"]))
-    certificate.private_key_pem.write_to_path(str(paths["key"]))
-    with open(paths["cert"], "wb") as chain:
-        for blob in certificate.cert_chain_pems:
-            chain.write(blob.bytes())
-    return paths
+    return make_certificates(tmp_path_factory.mktemp("certificates"))
 
 
 @pytest.fixture

@@ -158,7 +158,9 @@ class Connection(asyncio.BufferedProtocol):
         # Frames received before the EOF are answered, even those the in-flight limit held back.
         self._receive(self._take_staged_frames, False)
         self._stop_reading()
-        return True  # keep the transport open until the responses before the EOF are written
+        # Keep the transport open until the responses before the EOF are written. TLS has no half-close: asyncio
+        # closes its transport whatever this returns, and warns when it is True.
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reading()

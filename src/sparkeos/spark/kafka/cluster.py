@@ -53,6 +53,22 @@ class KafkaUnavailable(RuntimeError):
     """The cluster could not be reached or did not answer in time."""
 
 
+class KafkaNotAuthorized(RuntimeError):
+    """The cluster's authorizer refused a request of the client's principal."""
+
+
+AUTHORIZATION_ERRORS = frozenset({
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+})
+
+
+def is_authorization_failure(error: object) -> bool:
+    if isinstance(error, KafkaException) and error.args:
+        error = error.args[0]
+    return isinstance(error, KafkaError) and error.code() in AUTHORIZATION_ERRORS
+
+
 class _Transient(Exception):
     """A request failed the way a broker restart makes requests fail; worth trying again."""
 
@@ -134,7 +150,9 @@ class KafkaCluster:
     def __init__(self, config: dict[str, str], timeout_s: float = DEFAULT_TIMEOUT_S):
         self.bootstrap_servers = config["bootstrap.servers"]
         self.timeout_s = timeout_s
-        self.admin = AdminClient(connection_config(config))
+        # A topic named in a metadata request must never be created by it: a subscribed topic that does not exist
+        # yet is waited for, as Spark's Kafka source does.
+        self.admin = AdminClient({**connection_config(config), "allow.auto.create.topics": "false"})
         # Without it, a fresh client's first ListOffsets often waited out a retry timer (see
         # connect_to_a_known_broker); after one metadata request, none did (see also
         # options.CONNECTION_DEFAULTS).
@@ -198,7 +216,26 @@ class KafkaCluster:
             names = [name for name in existing if regex.search(name) and name not in KAFKA_INTERNAL_TOPICS]
         else:
             names = [name for name in topics if name in existing]
+            for name in topics:
+                if name not in existing:
+                    self._check_described(name)
         return sorted((name, partition) for name in names for partition in range(existing[name]))
+
+    def _check_described(self, topic: str) -> None:
+        """Metadata of every topic leaves out those the principal may not describe: asked by name, Kafka says
+        whether the topic is missing (waited for) or refused (an error, as the Java consumer raises)."""
+        metadata = self._until_deadline(
+            lambda timeout_s: self._topic_metadata_once(topic, timeout_s), "a metadata request")
+        error = metadata.topics[topic].error if topic in metadata.topics else None
+        if is_authorization_failure(error):
+            raise KafkaNotAuthorized(f"Kafka refused to describe topic {topic!r} to this client's principal "
+                                     f"({error.name()}): reading it needs READ on the topic")
+
+    def _topic_metadata_once(self, topic: str, timeout_s: float):
+        try:
+            return self.admin.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise _Transient(exc.args[0] if exc.args else exc) from None
 
     def list_offsets(self, partitions: Iterable[tuple[str, int]], spec: OffsetSpec,
                      read_committed: bool = True) -> dict[tuple[str, int], int]:
@@ -279,6 +316,8 @@ class KafkaCluster:
             return self._wait(futures, "a DescribeConfigs request", timeout_s)[resource]
 
         result = self._until_deadline(attempt, "a DescribeConfigs request")
+        if is_authorization_failure(result):
+            raise KafkaNotAuthorized(f"describing {what} configs failed: {result}")
         if isinstance(result, Exception):
             raise RuntimeError(f"describing {what} configs failed: {result}")
         return {name: entry.value for name, entry in result.items() if entry.value is not None}

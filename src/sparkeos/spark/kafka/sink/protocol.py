@@ -78,6 +78,7 @@ driver's checks before any task in `startup_checks`; rows to Kafka messages in `
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -129,6 +130,12 @@ class _TransactionalWriter(MarkerReader):
     def __init__(self, options: SinkOptions, transactional_id: str, query_id: str | None, marker_partitions: int):
         config = options.producer_config()
         config["transactional.id"] = transactional_id
+        # Only a record that failed calls back: a commit that fails because Kafka refused records (a topic the
+        # principal may not write, a record too large) then names Kafka's error, not only librdkafka's
+        # "N message(s) failed delivery".
+        self.failed_deliveries: list[KafkaError] = []
+        config["delivery.report.only.error"] = True
+        config["on_delivery"] = self._delivery_failed
         self.producer = Producer(config)
         super().__init__(options, transactional_id, query_id, marker_partitions)
         self.stuck = False  # a producer call never returned: the producer must not be closed
@@ -151,9 +158,22 @@ class _TransactionalWriter(MarkerReader):
         self.producer.purge()
         self.producer.close()
 
+    def _delivery_failed(self, error: KafkaError | None, _message) -> None:
+        if error is not None:
+            self.failed_deliveries.append(error)
+
+    def refused_records(self) -> str | None:
+        """What Kafka answered to the records of this transaction it refused, if it refused any."""
+        with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error instead
+            self.producer.poll(0)  # serves the reports of the failed records
+        if not self.failed_deliveries:
+            return None
+        return f"Kafka refused {len(self.failed_deliveries)} record(s): {self.failed_deliveries[0]}"
+
     def begin(self, batch: int, query_id: str | None) -> None:
         """Step 4: open the transaction with the marker offset first, a synchronous round trip that fails here,
         before any record is produced, if another producer of this id has fenced us."""
+        self.failed_deliveries.clear()
         self.producer.begin_transaction()
         offsets = [TopicPartition(self.marker.topic, self.marker.partition, batch + 1, metadata=query_id or "")]
         group = self.consumer.consumer_group_metadata()
@@ -267,10 +287,13 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             # Step 3: any error aborts the transaction, discards the producer and fails the task. A fenced or
             # fatally failed producer has nothing to abort.
             error = exc.args[0] if exc.args else None
+            refused = writer.refused_records()
             if isinstance(error, KafkaError) and error.txn_requires_abort():
                 writer.abort_quietly()
             _writers.forget(writer)
             _raise_if_timed_out(options, transactional_id, time.monotonic() - began, exc)
+            if refused is not None:
+                raise RuntimeError(f"the transaction of {transactional_id} failed and was aborted: {refused}") from exc
             raise
         except BaseException:
             writer.abort_quietly()

@@ -3,12 +3,16 @@ input or setting fails it before anything is written."""
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructType
 
-from ..cluster import KafkaCluster
+from ..cluster import KafkaCluster, KafkaNotAuthorized
 from ..options import SinkOptions
 from ..source.schema import HEADERS_TYPE
 from .markers import MARKER_PARTITIONS, MARKER_TOPIC_CONFIG
+
+log = logging.getLogger("sparkeos.sink")
 
 
 def validate_input_schema(schema: StructType, options: SinkOptions) -> None:
@@ -44,7 +48,15 @@ def prepare_exactly_once(options: SinkOptions) -> int:
     if key in _prepared:
         return _prepared[key]
     cluster = KafkaCluster(options.producer_config(), timeout_s=options.api_timeout_ms / 1000)
-    maximum = cluster.broker_config("transaction.max.timeout.ms")
+    try:
+        maximum = cluster.broker_config("transaction.max.timeout.ms")
+    except KafkaNotAuthorized as refused:
+        # Describing the brokers' configs needs DESCRIBE_CONFIGS on the cluster, which a query's principal seldom
+        # has: the transaction coordinator then checks the timeout when the first task's producer starts, and
+        # fails it with INVALID_TRANSACTION_TIMEOUT.
+        log.info("transaction.max.timeout.ms not read from the brokers (%s): they check the sink's "
+                 "kafka.transaction.timeout.ms when a task starts its producer", refused)
+        maximum = None
     if maximum is not None and options.transaction_timeout_ms > int(maximum):
         raise ValueError(
             f"kafka.transaction.timeout.ms={options.transaction_timeout_ms} is larger than the broker's "
