@@ -120,6 +120,11 @@ BAD = ["{broken json", b"\xff\xfe\xfd"]
         ({"bad_records": {"policy": "skip", "topic": "dlq"}}, "bad_records.topic: only applies to the dead-letter"),
         ({"bad_records": {"policy": "dead-letter", "topic": "d"}, "sink": {"format": "json", "path": "/x"}},
          "dead-letter needs a sparkeos.kafka sink"),
+        ({"kafka": ["security.protocol=SSL"]}, "kafka: must be a mapping of librdkafka settings"),
+        ({"kafka": {"kafka.security.protocol": "SSL"}},
+         "kafka.kafka.security.protocol: takes librdkafka's names, without 'kafka.': security.protocol"),
+        ({"kafka": {"sasl.password": "${SPARKEOS_TEST_UNSET_VARIABLE}"}},
+         "kafka.sasl.password: names environment variable SPARKEOS_TEST_UNSET_VARIABLE, which is not set"),
     ],
 )
 def test_job_file_errors_name_the_field(tmp_path, change, named):
@@ -130,6 +135,28 @@ def test_job_file_errors_name_the_field(tmp_path, change, named):
         load_job(path)
     assert named in str(raised.value)
     assert str(path) in str(raised.value)
+
+
+def test_the_kafka_section_reaches_the_source_and_the_sink_under_their_own_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKEOS_TEST_PASSWORD", "p4ss:w0rd")
+    document = job("127.0.0.1:9092", "in", "out", "/tmp/ck", kafka={
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "etl",
+        "sasl.password": "${SPARKEOS_TEST_PASSWORD}", "ssl.ca.location": "/etc/ca.pem"})
+    document["source"]["kafka.sasl.username"] = "reader"
+    document["sink"]["options"] = {"kafka.ssl.ca.location": "/etc/other-ca.pem"}
+    spec = parse_job(document)
+    security = ("kafka.sasl", "kafka.ssl", "kafka.security")
+    assert {k: v for k, v in spec.source.items() if k.startswith(security)} == {
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": "reader", "kafka.sasl.password": "p4ss:w0rd", "kafka.ssl.ca.location": "/etc/ca.pem"}
+    assert {k: v for k, v in spec.sink.options.items() if k.startswith(security)} == {
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.username": "etl", "kafka.sasl.password": "p4ss:w0rd", "kafka.ssl.ca.location": "/etc/other-ca.pem"}
+    # bootstrap.servers there is the source's, and so the sink's, unless they name their own.
+    del document["source"]["kafka.bootstrap.servers"]
+    document["kafka"]["bootstrap.servers"] = "kafka-1:9093"
+    spec = parse_job(document)
+    assert spec.bootstrap_servers == spec.sink.options["kafka.bootstrap.servers"] == "kafka-1:9093"
 
 
 def test_job_file_that_is_not_yaml_or_missing(tmp_path):

@@ -176,6 +176,9 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
             endpoints["Kafka"] = (f"{named_kafka} ({whose}; the run's topics and the job's consumer group and "
                                   f"transactionalIdPrefix begin with {prefix})")
         document["source"]["kafka.bootstrap.servers"] = bootstrap
+        if not named_kafka:
+            # The job's `kafka:` settings are for its own cluster (its security): the run's broker is open.
+            document.pop("kafka", None)
         registry = spec.format.registry if job_endpoints else (stack.schema_registry_url if avro else None)
         if avro:
             # Inline: a schema file named relative to the job file would not be found beside the copy.

@@ -35,11 +35,18 @@
     bad_records: {policy: dead-letter, topic: people-dlq}   # fail | skip | dead-letter
     spark:                        # any Spark setting; `sparkeos run --conf` overrides these
       spark.sql.shuffle.partitions: 8
+    kafka:                        # librdkafka settings that every Kafka client of the job takes (source, sink,
+      security.protocol: SASL_SSL # sparkeos audit); each side's own kafka.* keys win
+      sasl.mechanism: SCRAM-SHA-512
+      sasl.username: etl
+      sasl.password: ${KAFKA_PASSWORD}   # ${NAME}: the value of the environment variable NAME
+      ssl.ca.location: /etc/kafka/ca.pem
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,7 +234,8 @@ class _Fields:
 
 
 TOP_LEVEL = {"name", "source", "format", "transforms", "window", "output", "sink", "checkpoint", "trigger", "restart",
-             "bad_records", "spark", "low_latency"}
+             "bad_records", "spark", "low_latency", "kafka"}
+ENVIRONMENT_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
@@ -248,12 +256,13 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
     top = fields.mapping(document, "", TOP_LEVEL)
     if not top:
         raise fields.fail("(top level)", "the job file is empty")
-    source = _parse_source(fields, top.get("source"))
+    kafka = _parse_kafka(fields, top.get("kafka"))
+    source = _parse_source(fields, top.get("source"), kafka)
     format_spec = _parse_format(fields, top.get("format"), base)
     transforms = _parse_transforms(fields, top.get("transforms"))
     window = _parse_window(fields, top.get("window"))
     output = fields.mapping(top.get("output"), "output", {"value", "key"})
-    sink = _parse_sink(fields, top.get("sink"), source)
+    sink = _parse_sink(fields, top.get("sink"), source, kafka)
     bad = _parse_bad_records(fields, top.get("bad_records"), sink)
     restart = _parse_restart(fields, top.get("restart"))
     spark = parse_spark_settings(top.get("spark"), lambda message: fields.fail("spark", message))
@@ -275,12 +284,38 @@ def parse_job(document: Any, where: str = "job", base: Path | None = None) -> Jo
     )
 
 
-def _parse_source(fields: _Fields, value: Any) -> dict[str, str]:
+def _parse_kafka(fields: _Fields, value: Any) -> dict[str, str]:
+    """The `kafka:` section: librdkafka settings (security, mostly) that every Kafka client of the job takes."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise fields.fail("kafka", "must be a mapping of librdkafka settings (security.protocol: SASL_SSL, ...)")
+    settings = {}
+    for key, setting in value.items():
+        key = str(key)
+        if key.lower().startswith("kafka."):
+            raise fields.fail(f"kafka.{key}", f"takes librdkafka's names, without 'kafka.': {key[len('kafka.'):]}")
+        text = _option_text(setting)
+        missing = [name for name in ENVIRONMENT_VARIABLE.findall(text) if name not in os.environ]
+        if missing:
+            raise fields.fail(f"kafka.{key}", f"names environment variable {missing[0]}, which is not set")
+        settings[key] = ENVIRONMENT_VARIABLE.sub(lambda match: os.environ[match.group(1)], text)
+    return settings
+
+
+def _with_kafka_settings(options: dict[str, str], kafka: dict[str, str]) -> dict[str, str]:
+    """Options with the `kafka:` section's settings as kafka.* keys, under the options' own."""
+    own = {key.lower() for key in options}
+    return {**{f"kafka.{key}": value for key, value in kafka.items() if f"kafka.{key}".lower() not in own},
+            **options}
+
+
+def _parse_source(fields: _Fields, value: Any, kafka: dict[str, str]) -> dict[str, str]:
     if value is None:
         raise fields.fail("source", "is required (sparkeos.kafka source options)")
     if not isinstance(value, dict):
         raise fields.fail("source", "must be a mapping of sparkeos.kafka source options")
-    options = {str(k): _option_text(v) for k, v in value.items()}
+    options = _with_kafka_settings({str(k): _option_text(v) for k, v in value.items()}, kafka)
     try:
         parse_source_options({k.lower(): v for k, v in options.items()}, streaming=True)
     except OptionError as exc:
@@ -373,7 +408,7 @@ def _parse_window(fields: _Fields, value: Any) -> WindowSpec | None:
     return WindowSpec(duration, time_kind, column, watermark)
 
 
-def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec:
+def _parse_sink(fields: _Fields, value: Any, source: dict[str, str], kafka: dict[str, str]) -> SinkSpec:
     spec = fields.mapping(value, "sink", {"format", "topic", "path", "deliveryGuarantee", "partitionBy", "options"})
     if not spec:
         raise fields.fail("sink", "is required")
@@ -390,6 +425,7 @@ def _parse_sink(fields: _Fields, value: Any, source: dict[str, str]) -> SinkSpec
     if sink_format == "sparkeos.kafka":
         if spec.get("path") is not None:
             raise fields.fail("sink.path", "applies to file sinks; a Kafka sink takes topic")
+        options = _with_kafka_settings(options, kafka)
         options.setdefault("kafka.bootstrap.servers", source["kafka.bootstrap.servers"])
         if spec.get("topic") is not None:
             options["topic"] = fields.text(spec.get("topic"), "sink.topic") or ""
