@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..spark.files.options import parse_file_sink_options
+from ..spark.kafka.cluster import connection_config
 from ..spark.postgres.options import parse_postgres_sink_options
 from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
 from .quiet import with_kafka_log_level
@@ -69,9 +70,18 @@ class AuditReport:
         return report
 
 
-def read_topic_values(spark: SparkSession, bootstrap: str, topic: str) -> DataFrame:
-    options = with_kafka_log_level({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
-                                    "startingOffsets": "earliest"}, CLIENT_LOG_LEVEL)
+def read_topic_values(spark: SparkSession, bootstrap: str, topic: str, spec: JobSpec | None = None) -> DataFrame:
+    """The values of `topic`, read_committed; with the connection and security settings of `spec`'s sink, and
+    the group of its source (a reader's consumer looks up its group's coordinator, which the cluster's ACLs may
+    allow for the job's group only)."""
+    writer_options = spec.sink.options if spec is not None else {}
+    client = {key[len("kafka."):]: value for key, value in writer_options.items() if key.lower().startswith("kafka.")}
+    options = {f"kafka.{key}": value for key, value in connection_config(client).items()}
+    if spec is not None:
+        options.update({key: value for key, value in spec.source.items()
+                        if key.lower() in ("groupidprefix", "kafka.group.id")})
+    options.update({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest"})
+    options = with_kafka_log_level(options, CLIENT_LOG_LEVEL)
     return spark.read.format("sparkeos.kafka").options(**options).load().select("value")
 
 
@@ -136,13 +146,13 @@ def audit(spark: SparkSession, spec: JobSpec, bootstrap: str, input_topic: str, 
     output_topic = output
     expected_output = expected_rows(frames, audited).where(
         F.col("topic") == F.lit(audited.sink.options["topic"])).select("value")
-    compared = compare(expected_output, read_topic_values(spark, bootstrap, output_topic))
+    compared = compare(expected_output, read_topic_values(spark, bootstrap, output_topic, audited))
     dead_letter = None
     dead_letter_topic = dead_letter_topic or audited.bad_records.topic
     if audited.bad_records.policy == "dead-letter" and dead_letter_topic:
         expected_bad = frames.bad.select(F.col("kafka.value").alias("value")) if frames.bad is not None else None
         if expected_bad is not None:
-            dead_letter = compare(expected_bad, read_topic_values(spark, bootstrap, dead_letter_topic))
+            dead_letter = compare(expected_bad, read_topic_values(spark, bootstrap, dead_letter_topic, audited))
     return AuditReport(compared, dead_letter)
 
 
