@@ -36,7 +36,8 @@ from sparkeos.chaos.engine import (
 from sparkeos.chaos.faults import HELD_TASK_FAULTS, NETWORK_FAULTS, Schedule, applicable
 from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
-from sparkeos.jobs.spec import load_job, parse_job
+from sparkeos.chaos.sandbox import kafka_section_for_run, load_for_run
+from sparkeos.jobs.spec import JobError, load_job, parse_job
 from sparkeos.spark import sink_data_source
 from sparkeos.spark.postgres.sink import describe_url
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
@@ -327,6 +328,26 @@ def test_told_to_use_the_jobs_own_endpoints_the_run_uses_names_of_its_own_there(
         assert connection.execute(f"SELECT id, name FROM public.{table}").fetchall() == [(1, "prod")]
         assert connection.execute(f"SELECT count(*) FROM public.{run_table}").fetchone()[0] == report["delivered"]
     assert prefix + topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+
+
+def test_a_jobs_kafka_section_is_left_out_against_the_runs_own_broker_and_pointed_at_a_named_one(tmp_path,
+                                                                                                 monkeypatch):
+    """The section holds the job's own cluster's security, its secrets from the environment: a run on its own open
+    broker needs neither; on a Kafka named for the run, the sink must not take the section's servers."""
+    monkeypatch.delenv("SPARKEOS_TEST_UNSET_PASSWORD", raising=False)
+    document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
+    document["kafka"] = {"bootstrap.servers": "kafka-1:9093", "security.protocol": "SASL_SSL",
+                         "sasl.password": "${SPARKEOS_TEST_UNSET_PASSWORD}"}
+    job = tmp_path / "secured.yaml"
+    job.write_text(yaml.safe_dump(document))
+    spec = load_for_run(job, own_kafka=True)
+    assert not any(key.startswith(("kafka.security", "kafka.sasl")) for key in (*spec.source, *spec.sink.options))
+    with pytest.raises(JobError, match="SPARKEOS_TEST_UNSET_PASSWORD, which is not set"):
+        load_for_run(job, own_kafka=False)
+    for own_kafka, section in [(True, None), (False, {**document["kafka"], "bootstrap.servers": "127.0.0.1:9999"})]:
+        copy = yaml.safe_load(job.read_text())
+        kafka_section_for_run(copy, "127.0.0.1:9999", own_kafka)
+        assert copy.get("kafka") == section
 
 
 def test_a_target_of_the_runs_own_is_beside_the_jobs():

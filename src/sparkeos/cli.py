@@ -327,7 +327,7 @@ def run_chaos(args: argparse.Namespace) -> int:
     from .chaos.input import SampleError
     from .chaos.report import PlainProgress, live_table, print_report
     from .jobs.quiet import quiet_third_party_warnings, setup_logging
-    from .jobs.spec import JobError, load_job
+    from .jobs.spec import JobError
     from .maven import MavenUnavailable
 
     quiet_third_party_warnings()
@@ -345,11 +345,11 @@ def run_chaos(args: argparse.Namespace) -> int:
                                  "give one of them")
             if not re.fullmatch(r"[34]\.\d+\.\d+", args.kafka_version):
                 raise FaultError(f"--kafka-version: Apache Kafka 3.x and 4.x only (got {args.kafka_version!r})")
-        spec = load_job(args.job)
+        from .chaos.sandbox import check_runnable, load_for_run
+
+        spec = load_for_run(args.job, own_kafka=not (args.bootstrap_server or args.use_job_endpoints))
         faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server),
                               job_endpoints=args.use_job_endpoints)
-        from .chaos.sandbox import check_runnable
-
         check_runnable(spec)
     except (JobError, FaultError, SandboxError) as exc:
         print(f"sparkeos chaos: {exc}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """A job file on a secured cluster, end to end: SASL_SSL, SCRAM-SHA-512 and the authorizer on, the job's principal
 allowed exactly what docs/security.md lists, its password in an environment variable that the job file's `kafka:`
-section names. `sparkeos run` is killed with SIGKILL (its driver with it) after a committed batch and started
+section names. `sparkeos run` and its driver are killed with SIGKILL after a committed batch and started
 again; an independent reader then sees the job's output exactly once, `sparkeos audit` finds it exact and
 `sparkeos lag` reads the query's lag through the same principal."""
 
@@ -17,6 +17,7 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
 
+from sparkeos.processes import kill_tree, live_processes
 from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from sparkeos.verify import assert_exactly_once, read_values
 from support.crash import committed_batches
@@ -94,17 +95,19 @@ def test_a_job_on_a_secured_cluster_is_exact_through_a_kill_and_is_audited_and_i
             return read_values(cluster.bootstrap_servers, sink, config=cluster.client_config("admin"))
 
         logs = {name: tmp_path / f"{name}.log" for name in ("first-run", "second-run", "audit", "lag")}
-        run = sparkeos(logs["first-run"], "run", str(job), "--master", "local[2]", env=env, start_new_session=True)
+        run = sparkeos(logs["first-run"], "run", str(job), "--master", "local[2]", env=env)
         try:
             wait_for(lambda: len(committed_batches(checkpoint)) >= 2 or run.poll() is not None, timeout_s=240,
                      interval_s=0.2, what="the job's second committed batch")
             assert run.poll() is None, logs["first-run"].read_text()[-5000:]
         finally:
-            os.killpg(run.pid, signal.SIGKILL)
+            # The supervisor and its driver, which runs in a session of its own, with its JVM and workers.
+            killed = kill_tree(run.pid)
             run.wait()
+        wait_for(lambda: not live_processes(killed), timeout_s=30, what="the killed run's processes to go")
         assert len(output()) < len(expected), "the kill came after the job had written everything"
 
-        run = sparkeos(logs["second-run"], "run", str(job), "--master", "local[2]", env=env, start_new_session=True)
+        run = sparkeos(logs["second-run"], "run", str(job), "--master", "local[2]", env=env)
         try:
             wait_for(lambda: len(output()) >= len(expected) or run.poll() is not None, timeout_s=240,
                      interval_s=1, what="the job's whole output")
@@ -112,7 +115,7 @@ def test_a_job_on_a_secured_cluster_is_exact_through_a_kill_and_is_audited_and_i
             log = finished(run, logs["second-run"], 120)
         finally:
             if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
+                kill_tree(run.pid)
                 run.wait()
         assert run.returncode == 0, log[-5000:]
         assert_exactly_once(expected, output())

@@ -39,7 +39,7 @@ from confluent_kafka import KafkaException, Producer
 from .. import failpoints
 from ..jobs.audit import AuditReport, audit_in_this_process
 from ..jobs.runner import Supervisor
-from ..jobs.spec import JobSpec, load_job
+from ..jobs.spec import JobSpec
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import sink_data_source
 from ..verify import read_values
@@ -63,7 +63,7 @@ from .input import (
 )
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
-from .sandbox import Sandbox, start_sandbox
+from .sandbox import Sandbox, load_for_run, start_sandbox
 from .watcher import OutputWatcher
 
 TICK_S = 0.1
@@ -262,7 +262,8 @@ class ChaosRun:
         sandbox = watcher = None
         try:
             # Read before anything starts: the cluster the job names may not answer.
-            job = load_job(self.job_file)
+            job = load_for_run(self.job_file, own_kafka=not (self.settings.bootstrap_server
+                                                             or self.settings.job_endpoints))
             samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
             if self.prepared is not None:
                 sandbox = self.prepared.sandbox

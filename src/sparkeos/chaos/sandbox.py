@@ -125,6 +125,22 @@ def check_runnable(spec: JobSpec) -> str:
     return subscribe
 
 
+def load_for_run(job_file: Path | str, own_kafka: bool) -> JobSpec:
+    """The job as a run reads it. Its `kafka:` settings are for its own cluster (its security, secrets from the
+    environment): against the run's own broker, which is open, they are left out."""
+    return load_job(job_file, {"kafka": None} if own_kafka else None)
+
+
+def kafka_section_for_run(document: dict, bootstrap: str, own_kafka: bool) -> None:
+    """The job document's `kafka:` section as the run's copy of the job takes it: left out against the run's own
+    broker (see `load_for_run`); else pointed at the run's Kafka, as the sink takes its servers unless it names
+    its own."""
+    if own_kafka:
+        document.pop("kafka", None)
+    elif "bootstrap.servers" in (document.get("kafka") or {}):
+        document["kafka"]["bootstrap.servers"] = bootstrap
+
+
 def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[str, float] | None = None,
                   seed: int = 0, named_kafka: str | None = None, kafka_version: str | None = None,
                   job_endpoints: bool = False) -> Sandbox:
@@ -132,7 +148,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
     faults among `faults` need go in front of the broker and PostgreSQL. `named_kafka`: the bootstrap servers of a
     Kafka to run against in place of the embedded broker; `kafka_version`: the Apache Kafka version of a node to
     start in its place; `job_endpoints`: the endpoints the job file names, in place of all of the sandbox's."""
-    spec = load_job(job_file)
+    spec = load_for_run(job_file, own_kafka=not (named_kafka or job_endpoints))
     input_topic = check_runnable(spec)
     document = yaml.safe_load(Path(job_file).read_text())
     if job_endpoints:
@@ -176,9 +192,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
             endpoints["Kafka"] = (f"{named_kafka} ({whose}; the run's topics and the job's consumer group and "
                                   f"transactionalIdPrefix begin with {prefix})")
         document["source"]["kafka.bootstrap.servers"] = bootstrap
-        if not named_kafka:
-            # The job's `kafka:` settings are for its own cluster (its security): the run's broker is open.
-            document.pop("kafka", None)
+        kafka_section_for_run(document, bootstrap, own_kafka=not named_kafka)
         registry = spec.format.registry if job_endpoints else (stack.schema_registry_url if avro else None)
         if avro:
             # Inline: a schema file named relative to the job file would not be found beside the copy.

@@ -133,9 +133,12 @@ class _TransactionalWriter(MarkerReader):
         # Only a record that failed calls back: a commit that fails because Kafka refused records (a topic the
         # principal may not write, a record too large) then names Kafka's error, not only librdkafka's
         # "N message(s) failed delivery".
-        self.failed_deliveries: list[KafkaError] = []
+        # A closure over the list, not a bound method: the producer would hold the writer in a reference cycle,
+        # and a writer whose set-up failed would wait for the cyclic collector, threads and sockets with it.
+        failed: list[KafkaError] = []
+        self.failed_deliveries = failed
         config["delivery.report.only.error"] = True
-        config["on_delivery"] = self._delivery_failed
+        config["on_delivery"] = lambda error, _message: failed.append(error) if error is not None else None
         self.producer = Producer(config)
         super().__init__(options, transactional_id, query_id, marker_partitions)
         self.stuck = False  # a producer call never returned: the producer must not be closed
@@ -158,17 +161,15 @@ class _TransactionalWriter(MarkerReader):
         self.producer.purge()
         self.producer.close()
 
-    def _delivery_failed(self, error: KafkaError | None, _message) -> None:
-        if error is not None:
-            self.failed_deliveries.append(error)
-
     def refused_records(self) -> str | None:
-        """What Kafka answered to the records of this transaction it refused, if it refused any."""
+        """What the brokers answered to the records of this transaction they refused, if they refused any (not
+        librdkafka's own errors: a timeout, a purge, a fenced producer)."""
         with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error instead
             self.producer.poll(0)  # serves the reports of the failed records
-        if not self.failed_deliveries:
+        refused = [error for error in self.failed_deliveries if error.code() > 0]
+        if not refused:
             return None
-        return f"Kafka refused {len(self.failed_deliveries)} record(s): {self.failed_deliveries[0]}"
+        return f"Kafka refused {len(refused)} record(s): {refused[0]}"
 
     def begin(self, batch: int, query_id: str | None) -> None:
         """Step 4: open the transaction with the marker offset first, a synchronous round trip that fails here,
@@ -288,12 +289,14 @@ def write_exactly_once(options: SinkOptions, transactional_id: str, batch: int, 
             # fatally failed producer has nothing to abort.
             error = exc.args[0] if exc.args else None
             refused = writer.refused_records()
-            if isinstance(error, KafkaError) and error.txn_requires_abort():
+            aborted = isinstance(error, KafkaError) and error.txn_requires_abort()
+            if aborted:
                 writer.abort_quietly()
             _writers.forget(writer)
             _raise_if_timed_out(options, transactional_id, time.monotonic() - began, exc)
             if refused is not None:
-                raise RuntimeError(f"the transaction of {transactional_id} failed and was aborted: {refused}") from exc
+                outcome = "failed and was aborted" if aborted else "failed"
+                raise RuntimeError(f"the transaction of {transactional_id} {outcome}: {refused}") from exc
             raise
         except BaseException:
             writer.abort_quietly()
