@@ -507,6 +507,11 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(max(args.watch - (time.monotonic() - started), 0))
     except KeyboardInterrupt:
         return 0 if args.watch is not None else 130
+    except SystemError as exc:
+        # Ctrl-C inside a call of confluent-kafka's C code comes out as a SystemError caused by the interrupt.
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        return 0 if args.watch is not None else 130
     except BrokenPipeError:  # piped into `head`, say: Python's flush of stdout at exit must not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -20,7 +20,9 @@ from ...client_cache import ClientCache
 from ..cluster import (
     WARMUP_TIMEOUT_S,
     KafkaCluster,
+    KafkaNotAuthorized,
     connection_config,
+    is_authorization_failure,
     is_transient,
     learn_topic,
     until_deadline,
@@ -37,6 +39,10 @@ MARKER_PARTITIONS = 8
 MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(16 * 1024 * 1024),
                        "segment.ms": str(3_600_000), "delete.retention.ms": str(600_000)}
 MARKER_SCAN_BATCH = 1000
+# A cluster that refuses the marker group's coordinator to the sink's principal (no READ on the group) makes
+# librdkafka ask again and again, and committed() only times out: it is asked in slices this long, and the errors
+# reported between them say why.
+COMMITTED_SLICE_S = 5.0
 # consume() waits its whole timeout unless it has num_messages in hand, and a range's control records never
 # count: the last poll of a scan always runs out, so a short poll keeps a fresh id's scan short.
 MARKER_SCAN_POLL_S = 0.005
@@ -86,6 +92,9 @@ class MarkerReader:
             "enable.partition.eof": "true", "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": "10",  # scans read only what exists, as the source's readers do
         })
+        refused: list[KafkaError] = []  # a list the callback closes over: a bound method would make a cycle
+        self.refused = refused
+        consumer_config["error_cb"] = lambda error: refused.append(error) if is_authorization_failure(error) else None
         self.consumer = Consumer(consumer_config)
         # Bounds every call of T's transaction as well as the marker reads.
         self.timeout_s = options.transaction_timeout_ms / 1000 + 30
@@ -121,7 +130,7 @@ class MarkerReader:
         """T's marker group offsets, asked again while its coordinator moves or loads: Apache Kafka then answers
         NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, which librdkafka hands to the caller."""
         def attempt(timeout_s: float) -> list[TopicPartition]:
-            found = self.consumer.committed(partitions, timeout=timeout_s)
+            found = self._committed_in_slices(partitions, timeout_s)
             failed = next((tp.error for tp in found if tp.error is not None), None)
             if failed is not None:
                 raise KafkaException(failed)
@@ -131,6 +140,26 @@ class MarkerReader:
             attempt, timeout_s, lambda exc: exc.args[0] if is_transient(exc) else None,
             lambda error: log.info("reading the marker offsets of %s failed (%s); asking again",
                                    self.transactional_id, error))
+
+    def _committed_in_slices(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.consumer.committed(partitions, timeout=min(COMMITTED_SLICE_S,
+                                                                       max(deadline - time.monotonic(), 0.001)))
+            except KafkaException as exc:
+                timed_out = exc.args and exc.args[0].code() == KafkaError._TIMED_OUT
+                if not timed_out or time.monotonic() >= deadline:
+                    raise
+                # Serves the errors librdkafka reported meanwhile (no partition is assigned between scans).
+                message = self.consumer.poll(0)
+                if message is not None and is_authorization_failure(message.error()):
+                    self.refused.append(message.error())
+                if self.refused:
+                    raise KafkaNotAuthorized(
+                        f"reading the markers of {self.transactional_id} failed: {self.refused[0]}; the sink's "
+                        f"principal needs READ on the group {self.marker_key!r} (a prefixed ACL on the "
+                        "transactionalIdPrefix covers them all)") from exc
 
     def _scan_marker_records(self, query_id: str | None) -> int | None:
         """The newest marker record of T and `query_id`, for when the group offset is gone, never existed, or is
