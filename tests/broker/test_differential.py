@@ -12,6 +12,7 @@ scenario says so.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -308,22 +309,32 @@ def scram_credentials_through_the_admin_api(bootstrap: str) -> Observation:
                 seen[name.split("-")[0]] = exc.args[0].name()
         return seen
 
+    def described_once(settled) -> dict[str, object]:
+        """Kafka answers an alteration once its controller took it; its brokers apply the change to what they
+        describe a moment later: asked again until `settled(seen)`, for at most 15 s."""
+        deadline = time.monotonic() + 15
+        seen = describe(user)
+        while not settled(seen[user.split("-")[0]]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen = describe(user)
+        return seen
+
     sha256, sha512 = ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512
     return {
         "describe unknown": describe(user),
         "upsert": alter(UserScramCredentialUpsertion(user, ScramCredentialInfo(sha256, 10000), b"secret", b"salt")),
         "upsert other mechanism": alter(UserScramCredentialUpsertion(user, ScramCredentialInfo(sha512, 8192),
                                                                      b"secret")),
-        "described": describe(user),
+        "described": described_once(lambda seen: isinstance(seen, list) and len(seen) == 2),
         "too few iterations": alter(UserScramCredentialUpsertion(_name("few"), ScramCredentialInfo(sha256, 100),
                                                                  b"secret")),
         "too many iterations": alter(UserScramCredentialUpsertion(_name("many"), ScramCredentialInfo(sha256, 20000),
                                                                   b"secret")),
         "delete missing": alter(UserScramCredentialDeletion(_name("nobody"), sha256)),
         "delete one": alter(UserScramCredentialDeletion(user, sha512)),
-        "described after": describe(user),
+        "described after": described_once(lambda seen: isinstance(seen, list) and len(seen) == 1),
         "delete last": alter(UserScramCredentialDeletion(user, sha256)),
-        "described at last": describe(user),
+        "described at last": described_once(lambda seen: seen == "RESOURCE_NOT_FOUND"),
     }
 
 
