@@ -191,9 +191,9 @@ class KafkaCluster:
             f"within {self.timeout_s:.0f} s{reason}"
         )
 
-    def _metadata_once(self, timeout_s: float):
+    def _metadata_once(self, timeout_s: float, topic: str | None = None):
         try:
-            return self.admin.list_topics(timeout=timeout_s)
+            return self.admin.list_topics(topic, timeout=timeout_s)
         except KafkaException as exc:
             raise _Transient(exc.args[0] if exc.args else exc) from None
 
@@ -225,17 +225,11 @@ class KafkaCluster:
         """Metadata of every topic leaves out those the principal may not describe: asked by name, Kafka says
         whether the topic is missing (waited for) or refused (an error, as the Java consumer raises)."""
         metadata = self._until_deadline(
-            lambda timeout_s: self._topic_metadata_once(topic, timeout_s), "a metadata request")
+            lambda timeout_s: self._metadata_once(timeout_s, topic), "a metadata request")
         error = metadata.topics[topic].error if topic in metadata.topics else None
         if is_authorization_failure(error):
             raise KafkaNotAuthorized(f"Kafka refused to describe topic {topic!r} to this client's principal "
                                      f"({error.name()}): reading it needs READ on the topic")
-
-    def _topic_metadata_once(self, topic: str, timeout_s: float):
-        try:
-            return self.admin.list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise _Transient(exc.args[0] if exc.args else exc) from None
 
     def list_offsets(self, partitions: Iterable[tuple[str, int]], spec: OffsetSpec,
                      read_committed: bool = True) -> dict[tuple[str, int], int]:

@@ -131,7 +131,7 @@ class _TransactionalWriter(MarkerReader):
         config = options.producer_config()
         config["transactional.id"] = transactional_id
         # Only a record that failed calls back: a commit that fails because Kafka refused records (a topic the
-        # principal may not write, a record too large) then names Kafka's error, not only librdkafka's
+        # principal may not write) then names Kafka's error, not only librdkafka's
         # "N message(s) failed delivery".
         # A closure over the list, not a bound method: the producer would hold the writer in a reference cycle,
         # and a writer whose set-up failed would wait for the cyclic collector, threads and sockets with it.
