@@ -103,9 +103,9 @@ def production(tmp_path):
 
 # What each example leaves out of the faults that apply to it. A driver restart takes most of a run's time, the more
 # on the standalone cluster that executor kills need: the kill of the driver at a random moment and the executor kill,
-# whose effects do not depend on the sink, strike the Kafka-sink examples, which between them run every kind. Each
-# sink still meets the kill at its own commit step and the task kill in the middle of its transaction.
-LEFT_OUT = {"people-json.yaml": {"driver-kill"},
+# whose effects do not depend on the sink, strike people-etl only; the Kafka-sink examples between them run every
+# kind. Each sink still meets the kill at its own commit step and the task kill in the middle of its transaction.
+LEFT_OUT = {"people-json.yaml": {"driver-kill", "executor-kill"},
             "people-files.yaml": {"driver-kill", "executor-kill"},
             "people-postgres.yaml": {"driver-kill", "executor-kill"}}
 
@@ -202,7 +202,10 @@ def test_a_sink_that_publishes_a_recommitted_batch_twice_is_reported_inexact_wit
     assert not report["exact"] and report["injected"]["driver-kill-mid-commit"] >= 1, report
     assert report["duplicated"] > 0 and report["missing"] == 0, report
     assert report["samples"]["duplicated"], report
-    assert 0 < report["unexpected"] <= report["aborted_input_records"], report
+    # The audit counts every copy it reads: an aborted record the killed driver had published is published again
+    # by each later driver that finishes that decision, once per kill at most.
+    copies = 1 + report["injected"]["driver-kill-mid-commit"]
+    assert 0 < report["unexpected"] <= copies * report["aborted_input_records"], report
     assert report["samples"]["unexpected"], report
     assert "NOT exact" in result.stderr and "output duplicated" in result.stderr
     # Its stderr is a log, not a terminal: progress lines, then the report's tables, each on lines of its own.
