@@ -123,3 +123,53 @@ def test_a_port_taken_between_choosing_and_binding_is_chosen_anew(tmp_path) -> N
             producer.produce(topic, b"served")
             assert producer.flush(30) == 0
             assert read_values(cluster.bootstrap_servers, topic) == [b"served"]
+
+
+def test_a_secured_node_authenticates_its_users_and_lets_them_do_only_what_acls_allow(tmp_path) -> None:
+    """SASL_SSL with SCRAM users made at format time and the StandardAuthorizer: the harness of the secured-cluster
+    tests, which must refuse what a production cluster refuses."""
+    from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
+
+    from support.secured import allow, secured_broker
+
+    with secured_broker(tmp_path, f"kafka-{apache_kafka.VERSIONS[0]}") as secured:
+        cluster = secured.broker
+        topic = "secured"
+        admin = AdminClient(cluster.client_config("admin"))
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+
+        def produce_as(config: dict[str, str]) -> list:
+            """The errors of one record's produce: its delivery report's, or the client's own until the first."""
+            errors: list = []
+            delivered: list = []
+            producer = Producer({**config, "error_cb": errors.append})
+            producer.produce(topic, b"v", on_delivery=lambda error, _: delivered.append(error))
+
+            def settled() -> bool:
+                producer.poll(0.2)
+                return bool(delivered or errors)
+
+            wait_for(settled, timeout_s=60, interval_s=0, what="the record's delivery or an error")
+            producer.purge()
+            return [error for error in errors + delivered if error is not None]
+
+        assert produce_as(cluster.client_config("admin")) == []
+        refused = produce_as(cluster.client_config("etl"))
+        assert refused and all("TOPIC_AUTHORIZATION_FAILED" in error.name() for error in refused), refused
+        secured.create_acls(allow("User:etl", ResourceType.TOPIC, topic, [AclOperation.WRITE]))
+        assert produce_as(cluster.client_config("etl")) == []
+        wrong = produce_as({**cluster.client_config("etl"), "sasl.password": "not-the-password"})
+        assert any(error.name() == "_AUTHENTICATION" for error in wrong), wrong
+        plaintext = produce_as({"bootstrap.servers": cluster.bootstrap_servers})
+        assert plaintext, "a PLAINTEXT client wrote to the SASL_SSL listener"
+        assert read_values(cluster.bootstrap_servers, topic, config=cluster.client_config("admin")) == [b"v", b"v"]
+        with pytest.raises(ValueError, match="is secured: name one of its users"):
+            cluster.client_config()
+
+
+def test_a_secured_cluster_is_refused_where_kafka_cannot_make_its_users(tmp_path) -> None:
+    security = apache_kafka.SaslSsl(tmp_path / "keystore.pem", tmp_path / "ca.pem", {"admin": "secret"})
+    with pytest.raises(ValueError, match="3.4.1 makes no SCRAM users at format time"):
+        apache_kafka.ApacheKafkaCluster(tmp_path, "3.4.1", sasl_ssl=security)
+    with pytest.raises(ValueError, match="is not secured: it has no user 'admin'"):
+        apache_kafka.ApacheKafkaCluster(tmp_path, apache_kafka.VERSIONS[0]).client_config("admin")

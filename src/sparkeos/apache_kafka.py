@@ -101,12 +101,50 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+@dataclass(frozen=True)
+class SaslSsl:
+    """A client listener as production clusters run it: SASL_SSL with SCRAM users made at format time (Kafka's
+    `kafka-storage format --add-scram`, 3.5 on), and Kafka's StandardAuthorizer with its default
+    `allow.everyone.if.no.acl.found=false`, so that a user may do only what an ACL allows. The nodes' traffic among
+    themselves and with the controllers stays on PLAINTEXT listeners of their own, whose principal (ANONYMOUS) is a
+    super user."""
+
+    keystore: Path  # PEM: the nodes' private key (PKCS#8, unencrypted), then its certificate chain
+    ca: Path  # PEM: the authority that signed it, which clients trust
+    users: Mapping[str, str]  # user name -> password
+    super_users: tuple[str, ...] = ()
+    mechanism: str = "SCRAM-SHA-512"
+
+    def client_config(self, bootstrap_servers: str, user: str) -> dict[str, str]:
+        """librdkafka's settings to connect as `user`."""
+        return {"bootstrap.servers": bootstrap_servers, "security.protocol": "SASL_SSL",
+                "sasl.mechanism": self.mechanism, "sasl.username": user, "sasl.password": self.users[user],
+                "ssl.ca.location": str(self.ca)}
+
+    def broker_settings(self) -> dict[str, object]:
+        return {
+            "sasl.enabled.mechanisms": self.mechanism,
+            f"listener.name.sasl_ssl.{self.mechanism.lower()}.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.keystore),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": ";".join(f"User:{user}" for user in (*self.super_users, "ANONYMOUS")),
+        }
+
+    def format_arguments(self) -> list[str]:
+        return [argument for user, password in self.users.items()
+                for argument in ("--add-scram", f"{self.mechanism}=[name={user},password={password}]")]
+
+
 @dataclass
 class KafkaNode:
     node_id: int
     port: int
     controller_port: int
     directory: Path
+    # A PLAINTEXT listener for the nodes' own traffic, when clients connect elsewhere (a proxy, a secured listener).
+    internal_port: int | None = None
     process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -139,29 +177,34 @@ class ApacheKafkaCluster:
 
     def __init__(self, root: Path, version: str = VERSIONS[0], nodes: int = 1, *,
                  settings: Mapping[str, object] | None = None, features: Mapping[str, int] | None = None,
-                 log_requests: bool = False, advertised_port: int | None = None):
+                 log_requests: bool = False, advertised_port: int | None = None, sasl_ssl: SaslSsl | None = None):
         """`settings` are broker settings (server.properties keys) added to or replacing the defaults; `features`
         are feature levels given at format time (`kafka-storage format --feature`, 4.x), e.g.
         {"transaction.version": 1} for the first transaction protocol. `log_requests` logs every request a node
         completes (Kafka's request logger at DEBUG), read back with `requests_seen`. `advertised_port` (one node
         only) is the port clients are told to connect to, a proxy's in front of the node; the node's traffic to
-        itself (transaction verification, KIP-890) then takes a listener of its own, not the proxy."""
+        itself (transaction verification, KIP-890) then takes a listener of its own, not the proxy. `sasl_ssl`
+        makes the client listener a secured one (SaslSsl); `client_config(user)` then says how to connect."""
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         if advertised_port is not None and nodes != 1:
             raise ValueError("advertised_port applies to a one-node cluster")
         if features and major(version) < 4:
             raise ValueError(f"Apache Kafka {version} takes no --feature at format time")
+        if sasl_ssl is not None and tuple(int(part) for part in version.split(".")[:2]) < (3, 5):
+            raise ValueError(f"Apache Kafka {version} makes no SCRAM users at format time (3.5 on does)")
         self.version = version
         self.root = Path(root)
         self.settings = dict(settings or {})
         self.features = dict(features or {})
         self.log_requests = log_requests
         self.advertised_port = advertised_port
-        self.internal_port = free_port() if advertised_port is not None else None
+        self.sasl_ssl = sasl_ssl
+        self._internal_listener = advertised_port is not None or sasl_ssl is not None
         self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self.nodes = {
-            node_id: KafkaNode(node_id, free_port(), free_port(), self.root / f"node-{node_id}")
+            node_id: KafkaNode(node_id, free_port(), free_port(), self.root / f"node-{node_id}",
+                               free_port() if self._internal_listener else None)
             for node_id in range(1, nodes + 1)
         }
         self._java = shutil.which("java")
@@ -173,6 +216,24 @@ class ApacheKafkaCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(node.address for node in self.nodes.values())
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """librdkafka's settings to reach the cluster: on a secured one as `user` (one of sasl_ssl's users)."""
+        if self.sasl_ssl is None:
+            if user is not None:
+                raise ValueError(f"{self} is not secured: it has no user {user!r}")
+            return {"bootstrap.servers": self.bootstrap_servers}
+        if user is None:
+            raise ValueError(f"{self} is secured: name one of its users ({', '.join(self.sasl_ssl.users)})")
+        return self.sasl_ssl.client_config(self.bootstrap_servers, user)
+
+    def _admin_config(self, bootstrap_servers: str) -> dict[str, str]:
+        if self.sasl_ssl is None:
+            return {"bootstrap.servers": bootstrap_servers}
+        user = next(iter(self.sasl_ssl.super_users), None)
+        if user is None:
+            raise ValueError(f"{self} is secured without a super user, which starting it and finding leaders need")
+        return self.sasl_ssl.client_config(bootstrap_servers, user)
 
     def __enter__(self) -> ApacheKafkaCluster:
         return self.start()
@@ -187,26 +248,29 @@ class ApacheKafkaCluster:
         count = len(self.nodes)
         replicas, min_isr = min(3, count), min(2, count)
         voters = ",".join(f"{other.node_id}@127.0.0.1:{other.controller_port}" for other in self.nodes.values())
-        listeners = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}"}
-        if self.advertised_port is not None:
+        listeners: dict[str, object] = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        }
+        if node.internal_port is not None:
+            client = "SASL_SSL" if self.sasl_ssl is not None else "PLAINTEXT"
+            internal = f"INTERNAL://127.0.0.1:{node.internal_port}"
             listeners = {
-                "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port},"
-                             f"INTERNAL://127.0.0.1:{self.internal_port}",
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port},"
-                                        f"INTERNAL://127.0.0.1:{self.internal_port}",
+                "listeners": f"{client}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port},"
+                             f"{internal}",
+                "advertised.listeners": f"{client}://127.0.0.1:{self.advertised_port or node.port},{internal}",
                 "inter.broker.listener.name": "INTERNAL",
-                "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT",
+                "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT",
             }
         return {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             **listeners,
+            **(self.sasl_ssl.broker_settings() if self.sasl_ssl is not None else {}),
             "log.dirs": str(node.directory / "data"),
             # Set by every real cluster, so their configs' source is the broker's static config; a single node
             # keeps Kafka's defaults (1 and 1), as the embedded broker does.
@@ -245,8 +309,8 @@ class ApacheKafkaCluster:
                     raise
                 for node in self.nodes.values():
                     node.port, node.controller_port = free_port(), free_port()
-                if self.internal_port is not None:
-                    self.internal_port = free_port()
+                    if node.internal_port is not None:
+                        node.internal_port = free_port()
             except BaseException:
                 self.stop()
                 raise
@@ -312,7 +376,7 @@ class ApacheKafkaCluster:
     def _admin(self):
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        return AdminClient(self._admin_config(self.bootstrap_servers))
 
     # --- processes ----------------------------------------------------------------------------------------------
 
@@ -328,6 +392,8 @@ class ApacheKafkaCluster:
                    f"--cluster-id={self.cluster_id}", "-c", str(self._properties(node))]
         for name, level in self.features.items():
             command += ["--feature", f"{name}={level}"]
+        if self.sasl_ssl is not None:
+            command += self.sasl_ssl.format_arguments()
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
         (node.directory / "format.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
@@ -357,7 +423,7 @@ class ApacheKafkaCluster:
         listener only once it has caught up with the metadata log and is unfenced."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": node.address, "socket.connection.setup.timeout.ms": 2000,
+        admin = AdminClient({**self._admin_config(node.address), "socket.connection.setup.timeout.ms": 2000,
                              "reconnect.backoff.max.ms": 200, "log_level": 0})
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -2,7 +2,7 @@
 allowed exactly what docs/security.md lists, its password in an environment variable that the job file's `kafka:`
 section names. `sparkeos run` and its driver are killed with SIGKILL after a committed batch and started
 again; an independent reader then sees the job's output exactly once, `sparkeos audit` finds it exact and
-`sparkeos lag` reads the query's lag through the same principal."""
+`sparkeos lag` reads the query's lag through the same principal. On the embedded broker and on Apache Kafka."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
@@ -68,8 +69,9 @@ def finished(run: subprocess.Popen, log: Path, timeout_s: float) -> str:
     return log.read_text(errors="replace")
 
 
-def test_a_job_on_a_secured_cluster_is_exact_through_a_kill_and_is_audited_and_its_lag_read(tmp_path):
-    with secured_broker(tmp_path / "secured") as cluster:
+@pytest.mark.apache_kafka(newest_only=True)
+def test_a_job_on_a_secured_cluster_is_exact_through_a_kill_and_is_audited_and_its_lag_read(tmp_path, broker_kind):
+    with secured_broker(tmp_path / "secured", broker_kind) as cluster:
         source, sink = unique("people"), unique("adults")
         admin = AdminClient(cluster.client_config("admin"))
         for future in admin.create_topics([NewTopic(source, 2, 1), NewTopic(sink, 2, 1)]).values():

@@ -1,6 +1,6 @@
-"""A secured embedded broker, as production Kafka runs: a SASL_SSL listener whose certificate a CA made on the fly
-signed (trustme), SCRAM-SHA-512 users, and the authorizer on with ``admin`` a super user and no one else allowed
-anything until an ACL says so."""
+"""A secured broker, as production Kafka runs: a SASL_SSL listener whose certificate a CA made on the fly signed
+(trustme), SCRAM-SHA-512 users, and the authorizer on with ``admin`` a super user and no one else allowed anything
+until an ACL says so. The embedded broker, or a node of Apache Kafka (kind ``kafka-VERSION``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from cryptography.hazmat.primitives import serialization
 
+from sparkeos.apache_kafka import ApacheKafkaCluster, SaslSsl
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.broker.credentials import CredentialStore, new_credential
 from sparkeos.broker.listeners import parse_listeners
@@ -27,16 +29,20 @@ MECHANISM = "SCRAM-SHA-512"
 
 
 def make_certificates(directory: Path) -> dict[str, Path]:
-    """A CA, and a broker certificate for 127.0.0.1 and localhost signed by it: PEM files ``ca``, ``cert``, ``key``."""
+    """A CA, and a broker certificate for 127.0.0.1 and localhost signed by it: PEM files ``ca``, ``cert``, ``key``,
+    and ``keystore`` as Apache Kafka reads one (`ssl.keystore.type=PEM`): the key in PKCS#8, then the chain."""
     directory.mkdir(parents=True, exist_ok=True)
     authority = trustme.CA()
     certificate = authority.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": directory / "ca.pem", "cert": directory / "broker.pem", "key": directory / "broker-key.pem"}
+    paths = {"ca": directory / "ca.pem", "cert": directory / "broker.pem", "key": directory / "broker-key.pem",
+             "keystore": directory / "keystore.pem"}
     authority.cert_pem.write_to_path(str(paths["ca"]))
     certificate.private_key_pem.write_to_path(str(paths["key"]))
-    with open(paths["cert"], "wb") as chain:
-        for blob in certificate.cert_chain_pems:
-            chain.write(blob.bytes())
+    chain = b"".join(blob.bytes() for blob in certificate.cert_chain_pems)
+    paths["cert"].write_bytes(chain)
+    key = serialization.load_pem_private_key(certificate.private_key_pem.bytes(), password=None)
+    paths["keystore"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()) + chain)
     return paths
 
 
@@ -49,7 +55,7 @@ def allow(principal: str, resource_type: ResourceType, name: str, operations: It
 
 @dataclass
 class SecuredBroker:
-    broker: EmbeddedBroker
+    broker: EmbeddedBroker | ApacheKafkaCluster
     ca: Path
     passwords: dict[str, str]
 
@@ -75,12 +81,19 @@ class SecuredBroker:
 
 
 @contextmanager
-def secured_broker(directory: Path, users: Iterable[str] = ("admin", "etl")) -> Iterator[SecuredBroker]:
+def secured_broker(directory: Path, kind: str = "embedded", users: Iterable[str] = ("admin", "etl")
+                   ) -> Iterator[SecuredBroker]:
     certificates = make_certificates(directory / "certificates")
+    passwords = {user: f"{user}-secret" for user in users}
+    if kind != "embedded":
+        security = SaslSsl(certificates["keystore"], certificates["ca"], passwords, super_users=("admin",),
+                           mechanism=MECHANISM)
+        with ApacheKafkaCluster(directory / "kafka", kind.removeprefix("kafka-"), sasl_ssl=security) as cluster:
+            yield SecuredBroker(cluster, certificates["ca"], passwords)
+        return
     data_dir = directory / "broker"
     data_dir.mkdir(parents=True)
     store = CredentialStore(data_dir)
-    passwords = {user: f"{user}-secret" for user in users}
     for user, password in passwords.items():
         store.put(user, new_credential(MECHANISM, password))
     store.save()
