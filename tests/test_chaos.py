@@ -586,15 +586,15 @@ def test_generated_input_follows_the_jobs_format(tmp_path):
     spec = parse_job({"name": "j", "source": {"kafka.bootstrap.servers": "x:1", "subscribe": "in"},
                       "format": {"type": "json", "schema": "id INT, name STRING, age INT"},
                       "sink": {"topic": "out"}, "checkpoint": str(tmp_path), "bad_records": {"policy": "skip"}})
-    generator = InputGenerator(spec, seed=3, registry_url=None, topic="in")
+    generator = InputGenerator(spec, seed=3, registry=None, topic="in")
     values = generator.batch(1000)
     decoded = [json.loads(v) for v in values if not v.startswith(b"\x00")]
     assert len(decoded) == 998 and generator.corrupt == 2
     assert [row["id"] for row in decoded[:3]] == [1, 2, 3]
     assert 0 < sum(row["age"] >= 18 for row in decoded) < len(decoded)
     assert {len(row["name"]) for row in decoded} >= {1, 18, 20}
-    assert InputGenerator(spec, seed=3, registry_url=None, topic="in").batch(1000) == values
-    assert InputGenerator(spec, seed=4, registry_url=None, topic="in").batch(1000) != values
+    assert InputGenerator(spec, seed=3, registry=None, topic="in").batch(1000) == values
+    assert InputGenerator(spec, seed=4, registry=None, topic="in").batch(1000) != values
 
 
 def feeder_job(tmp_path: Path, bad_records: str = "fail"):
@@ -607,7 +607,7 @@ def test_the_feeder_spreads_each_chunk_over_the_partitions(broker, tmp_path):
     """A batch of one partition has one transaction, which is never half committed: were a chunk's records to go
     to one partition, a job that keeps up with the feeder would give a mid-commit kill no moment to strike."""
     topic = create_topic(broker.bootstrap_servers, unique("chaos-input"), partitions=2)
-    generator = InputGenerator(feeder_job(tmp_path), seed=3, registry_url=None, topic=topic)
+    generator = InputGenerator(feeder_job(tmp_path), seed=3, registry=None, topic=topic)
     feeder = Feeder(broker.bootstrap_servers, topic, generator, rate=60, seed=3)
     feeder.start()
     wait_for(lambda: feeder.acknowledged + feeder.aborted >= 30 or feeder.failed, timeout_s=30,
@@ -628,7 +628,7 @@ def test_the_feeder_aborts_some_chunks_and_loses_nothing_when_the_broker_is_kill
     whatever the input topic holds, so a feeder that lost records would go unnoticed there)."""
     bootstrap = broker_process.bootstrap_servers
     topic = create_topic(bootstrap, unique("chaos-input"), partitions=2)
-    generator = InputGenerator(feeder_job(tmp_path, "skip"), seed=5, registry_url=None, topic=topic)
+    generator = InputGenerator(feeder_job(tmp_path, "skip"), seed=5, registry=None, topic=topic)
     feeder = Feeder(bootstrap, topic, generator, rate=1000, seed=5)
     feeder.start()
     try:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ from rich.table import Table
 
 from .chaos.input import produce_with_retry
 from .jobs.quiet import librdkafka_log_level
+from .registry.client import Registry
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
 
@@ -130,16 +132,18 @@ def corrupt_records(schema_id: int) -> list[bytes]:
     ]
 
 
-def produce_people(bootstrap: str, registry_url: str, count: int, seed: int, late_sentinel: bool,
-                   topic: str = DEFAULT_TOPICS.input) -> Generated:
+def produce_people(bootstrap: str, registry: Registry | str, count: int, seed: int, late_sentinel: bool,
+                   topic: str = DEFAULT_TOPICS.input, kafka_config: Mapping[str, str] | None = None) -> Generated:
+    """The seed's input: `count` People records, a few corrupt ones among them. `kafka_config`: librdkafka settings
+    besides the bootstrap servers (a secured cluster's)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    registry = SchemaRegistryClient({"url": registry_url})
-    schema_id = registry.register_schema(f"{topic}-value", Schema(json.dumps(PEOPLE_SCHEMA), "AVRO"))
+    client = SchemaRegistryClient(Registry.of(registry).confluent_config())
+    schema_id = client.register_schema(f"{topic}-value", Schema(json.dumps(PEOPLE_SCHEMA), "AVRO"))
     parsed = fastavro.parse_schema(PEOPLE_SCHEMA)
     rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                         "batch.size": 1_000_000, "compression.type": "lz4", **QUIET_CLIENT})
+    producer = Producer({**(kafka_config or {}), "bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4", **QUIET_CLIENT})
     corrupt = corrupt_records(schema_id)
     corrupt_at = set(rng.sample(range(count), len(corrupt))) if count >= len(corrupt) else set()
     corrupt_count = len(corrupt_at)

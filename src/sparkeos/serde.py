@@ -4,12 +4,15 @@ Spark's `from_avro` cannot read the Confluent wire format (SPARK-34652): each va
 magic byte 0 and the 4-byte big-endian id of the writer's schema in a schema registry, then the
 Avro binary body. These functions read and write that format:
 
-- `from_confluent_avro(col, reader_schema, registry_url)` decodes into a struct of the reader
+- `from_confluent_avro(col, reader_schema, registry)` decodes into a struct of the reader
   schema's Spark type, resolving each record's writer schema (fetched by id) against the reader
   schema, with Spark's FAILFAST / PERMISSIVE modes;
-- `decode_confluent_avro(col, reader_schema, registry_url)` returns `struct<value, error>` so a job
+- `decode_confluent_avro(col, reader_schema, registry)` returns `struct<value, error>` so a job
   can route bad records (fail, skip or dead-letter) instead of failing or nulling them;
-- `to_confluent_avro(col, schema, registry_url, subject)` registers the schema and encodes structs.
+- `to_confluent_avro(col, schema, registry, subject)` registers the schema and encodes structs.
+
+A registry is its URL, or a mapping of Confluent's schema registry client settings (`url`,
+`basic.auth.user.info`, `ssl.ca.location`, ...: sparkeos.registry.client).
 
 The work runs in Python workers as Arrow UDFs (`pyspark.sql.functions.arrow_udf`, no pandas);
 each worker keeps the writer schemas it fetched, so the registry sees one request per schema id
@@ -21,10 +24,8 @@ from __future__ import annotations
 import io
 import json
 import struct
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,11 +35,14 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from .registry.client import Registry, RegistryRequestError
+
 MAGIC_BYTE = 0
 HEADER = struct.Struct(">bI")
 MODES = ("FAILFAST", "PERMISSIVE")
 
 AvroSchema = str | dict | list
+RegistrySettings = str | Mapping[str, str] | Registry  # a URL, or Confluent's client settings
 
 
 class AvroDecodeError(ValueError):
@@ -167,32 +171,11 @@ def spark_to_arrow_type(spark_type: T.DataType) -> pa.DataType:
 # -- registry access (driver and workers) ----------------------------------------------------
 
 
-def _registry_get(registry_url: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{registry_url.rstrip('/')}{path}", timeout=30) as response:
-        return json.loads(response.read())
-
-
-def _registry_post(registry_url: str, path: str, body: dict) -> Any:
-    request = urllib.request.Request(
-        f"{registry_url.rstrip('/')}{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(
-            f"schema registry {registry_url} refused {path}: {exc.read().decode(errors='replace')}"
-        ) from None
-
-
-def register_schema(registry_url: str, subject: str, schema: AvroSchema) -> int:
+def register_schema(registry: RegistrySettings, subject: str, schema: AvroSchema) -> int:
     """Register `schema` under `subject` (or find it there) and return its id."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
     path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-    return int(_registry_post(registry_url, path, {"schema": text, "schemaType": "AVRO"})["id"])
+    return int(Registry.of(registry).post(path, {"schema": text, "schemaType": "AVRO"})["id"])
 
 
 # -- decoding (runs in Python workers) -------------------------------------------------------
@@ -201,9 +184,9 @@ def register_schema(registry_url: str, subject: str, schema: AvroSchema) -> int:
 class ConfluentAvroDecoder:
     """Decodes Confluent-framed Avro values into dicts of the reader schema; one per worker and schema."""
 
-    def __init__(self, reader_schema: str, registry_url: str | None) -> None:
+    def __init__(self, reader_schema: str, registry: Registry | None) -> None:
         self.reader = _parse(reader_schema)
-        self.registry_url = registry_url
+        self.registry = registry
         self._writers: dict[int, Any] = {}
 
     def decode(self, value: bytes) -> Any:
@@ -232,7 +215,7 @@ class ConfluentAvroDecoder:
     def _writer_schema(self, schema_id: int) -> Any:
         if schema_id in self._writers:
             return self._writers[schema_id]
-        if self.registry_url is None:
+        if self.registry is None:
             writer = self.reader  # no registry: the body is taken to be written with the reader schema
         else:
             writer = _parse(self._fetch(schema_id))
@@ -240,33 +223,34 @@ class ConfluentAvroDecoder:
         return writer
 
     def _fetch(self, schema_id: int) -> str:
+        assert self.registry is not None
         try:
-            return _registry_get(self.registry_url or "", f"/schemas/ids/{schema_id}")["schema"]
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            return self.registry.get(f"/schemas/ids/{schema_id}")["schema"]
+        except RegistryRequestError as exc:
+            if exc.status == 404:
                 raise AvroDecodeError(f"unknown schema id {schema_id}") from None
             raise
 
 
-_DECODERS: dict[tuple[str, str | None], ConfluentAvroDecoder] = {}
+_DECODERS: dict[tuple[str, Registry | None], ConfluentAvroDecoder] = {}
 
 
-def _decoder(reader_schema: str, registry_url: str | None) -> ConfluentAvroDecoder:
-    key = (reader_schema, registry_url)
+def _decoder(reader_schema: str, registry: Registry | None) -> ConfluentAvroDecoder:
+    key = (reader_schema, registry)
     if key not in _DECODERS:
-        _DECODERS[key] = ConfluentAvroDecoder(reader_schema, registry_url)
+        _DECODERS[key] = ConfluentAvroDecoder(reader_schema, registry)
     return _DECODERS[key]
 
 
 def decode_values(
-    values: pa.Array, reader_schema: str, registry_url: str | None, on_error: Callable[[bytes, AvroDecodeError], None]
+    values: pa.Array, reader_schema: str, registry: Registry | None, on_error: Callable[[bytes, AvroDecodeError], None]
 ) -> tuple[list[Any], list[str | None]]:
     """Decode a binary Arrow array: (records, error messages), one of each per value.
 
     fastavro's values are what `pyarrow.array` takes for the matching Arrow type as they are
     (maps as dicts, timestamps as aware datetimes), so no per-record reshaping is needed.
     """
-    decoder = _decoder(reader_schema, registry_url)
+    decoder = _decoder(reader_schema, registry)
     records: list[Any] = []
     errors: list[str | None] = []
     for value in values.to_pylist():
@@ -369,18 +353,20 @@ def encode_values(values: pa.Array, schema_text: str, schema_id: int) -> pa.Arra
 
 
 def from_confluent_avro(
-    col: Column | str, reader_schema: str, registry_url: str | None = None, options: dict[str, str] | None = None
+    col: Column | str, reader_schema: str, registry: RegistrySettings | None = None,
+    options: dict[str, str] | None = None,
 ) -> Column:
     """Decode Confluent-framed Avro into a struct of `reader_schema`'s Spark type.
 
-    Each value's writer schema is fetched from `registry_url` by the id in its header and resolved
+    Each value's writer schema is fetched from `registry` by the id in its header and resolved
     against `reader_schema` (fields the writer lacks take the reader's defaults, extra writer fields
-    are skipped, numeric types promote). Without `registry_url` the body is read with
+    are skipped, numeric types promote). Without `registry` the body is read with
     `reader_schema` itself. `options={"mode": "FAILFAST"}` (the default, as in Spark's `from_avro`)
     fails the query on a bad value with a message naming the problem; `"PERMISSIVE"` gives null.
     """
     mode = _mode(options)
     reader_schema = _schema_text(reader_schema)
+    reached = Registry.of(registry) if registry is not None else None
     spark_type = avro_to_spark_type(reader_schema)
     arrow_type = spark_to_arrow_type(spark_type)
 
@@ -389,13 +375,13 @@ def from_confluent_avro(
             raise AvroDecodeError(f"from_confluent_avro (mode FAILFAST): {error}")
 
     def decode(values: pa.Array) -> pa.Array:
-        records, _errors = decode_values(values, reader_schema, registry_url, fail)
+        records, _errors = decode_values(values, reader_schema, reached, fail)
         return pa.array(records, type=arrow_type)
 
     return F.arrow_udf(decode, spark_type)(_column(col))
 
 
-def decode_confluent_avro(col: Column | str, reader_schema: str, registry_url: str | None = None) -> Column:
+def decode_confluent_avro(col: Column | str, reader_schema: str, registry: RegistrySettings | None = None) -> Column:
     """`struct<value: <reader_schema's type>, error: string>`: the record, or why it could not be decoded.
 
     Never fails on a bad value: `error` says what was wrong ("bad magic byte ...", "unknown schema
@@ -403,25 +389,26 @@ def decode_confluent_avro(col: Column | str, reader_schema: str, registry_url: s
     caller can fail, skip or dead-letter. A null input gives a null value and a null error.
     """
     reader_schema = _schema_text(reader_schema)
+    reached = Registry.of(registry) if registry is not None else None
     value_type = avro_to_spark_type(reader_schema)
     result_type = T.StructType([T.StructField("value", value_type, True), T.StructField("error", T.StringType(), True)])
     arrow_type = spark_to_arrow_type(result_type)
 
     def decode(values: pa.Array) -> pa.Array:
-        records, errors = decode_values(values, reader_schema, registry_url, lambda _value, _error: None)
+        records, errors = decode_values(values, reader_schema, reached, lambda _value, _error: None)
         return pa.array([{"value": r, "error": e} for r, e in zip(records, errors, strict=True)], type=arrow_type)
 
     return F.arrow_udf(decode, result_type)(_column(col))
 
 
-def to_confluent_avro(col: Column | str, schema: str, registry_url: str, subject: str) -> Column:
+def to_confluent_avro(col: Column | str, schema: str, registry: RegistrySettings, subject: str) -> Column:
     """Encode a struct column as Confluent-framed Avro with `schema`, registered under `subject` now.
 
     Registration happens once, on the driver, when this is called (it fails here if the registry
     rejects the schema, e.g. as incompatible); the workers only encode.
     """
     schema = _schema_text(schema)
-    schema_id = register_schema(registry_url, subject, schema)
+    schema_id = register_schema(registry, subject, schema)
 
     def encode(values: pa.Array) -> pa.Array:
         return encode_values(values, schema, schema_id)

@@ -67,6 +67,16 @@ BAD = ["{broken json", b"\xff\xfe\xfd"]
         ({"format": {"type": "avro", "schema": '{"type": "string"}'}}, "format.registry: is required"),
         ({"format": {"type": "avro", "schema": '{"type": "string"}', "registry": "r:8081"}},
          "format.registry: must be an http(s) URL"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}', "registry": {"url": "http://r", "user": "u"}}},
+         "format.registry: unknown schema registry setting 'user'"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}', "registry": {"url": "https://r",
+                                                                                 "basic.auth.user.info": "u"}}},
+         "format.registry: setting 'basic.auth.user.info' must be user:password"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}',
+                     "registry": {"url": "https://r", "basic.auth.user.info": "u:${SPARKEOS_TEST_UNSET_VARIABLE}"}}},
+         "format.registry.basic.auth.user.info: names environment variable SPARKEOS_TEST_UNSET_VARIABLE, which is not"),
+        ({"format": {"type": "avro", "schema": '{"type": "string"}', "registry": ["http://r"]}},
+         "format.registry: must be a URL or a mapping of schema registry client settings"),
         ({"transforms": {"sql": "x"}}, "transforms: must be a list"),
         ({"transforms": [{"sql": "x", "python": "m:f"}]}, "transforms[0]: needs exactly one of sql or python"),
         ({"transforms": [{"python": "not a function"}]}, "transforms[0].python: must be module:function"),
@@ -157,6 +167,22 @@ def test_the_kafka_section_reaches_the_source_and_the_sink_under_their_own_setti
     document["kafka"]["bootstrap.servers"] = "kafka-1:9093"
     spec = parse_job(document)
     assert spec.bootstrap_servers == spec.sink.options["kafka.bootstrap.servers"] == "kafka-1:9093"
+
+
+def test_the_registry_takes_confluents_client_settings_with_variables(monkeypatch):
+    monkeypatch.setenv("SPARKEOS_TEST_PASSWORD", "p4ss:w0rd")
+    schema = '{"type": "string"}'
+    document = job("127.0.0.1:9092", "in", "out", "/tmp/ck", format={"type": "avro", "schema": schema, "registry": {
+        "url": "https://registry:8081/", "basic.auth.user.info": "etl:${SPARKEOS_TEST_PASSWORD}",
+        "ssl.ca.location": "/etc/registry-ca.pem"}})
+    registry = parse_job(document).format.registry
+    assert registry is not None and registry.confluent_config() == {
+        "url": "https://registry:8081", "basic.auth.user.info": "etl:p4ss:w0rd",
+        "ssl.ca.location": "/etc/registry-ca.pem"}
+    assert str(registry) == "https://registry:8081 (as etl)"
+    document["format"]["registry"] = "http://registry:8081"
+    registry = parse_job(document).format.registry
+    assert registry is not None and registry.confluent_config() == {"url": "http://registry:8081"}
 
 
 def test_job_file_that_is_not_yaml_or_missing(tmp_path):

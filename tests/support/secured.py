@@ -56,8 +56,12 @@ def allow(principal: str, resource_type: ResourceType, name: str, operations: It
 @dataclass
 class SecuredBroker:
     broker: EmbeddedBroker | ApacheKafkaCluster
-    ca: Path
+    certificates: dict[str, Path]  # make_certificates': the CA, and a certificate for 127.0.0.1 that it signed
     passwords: dict[str, str]
+
+    @property
+    def ca(self) -> Path:
+        return self.certificates["ca"]
 
     @property
     def bootstrap_servers(self) -> str:
@@ -89,7 +93,7 @@ def secured_broker(directory: Path, kind: str = "embedded", users: Iterable[str]
         security = SaslSsl(certificates["keystore"], certificates["ca"], passwords, super_users=("admin",),
                            mechanism=MECHANISM)
         with ApacheKafkaCluster(directory / "kafka", kind.removeprefix("kafka-"), sasl_ssl=security) as cluster:
-            yield SecuredBroker(cluster, certificates["ca"], passwords)
+            yield SecuredBroker(cluster, certificates, passwords)
         return
     data_dir = directory / "broker"
     data_dir.mkdir(parents=True)
@@ -100,4 +104,4 @@ def secured_broker(directory: Path, kind: str = "embedded", users: Iterable[str]
     with EmbeddedBroker(data_dir, listeners=parse_listeners("SASL_SSL://127.0.0.1:0"),
                         ssl_certfile=certificates["cert"], ssl_keyfile=certificates["key"], authorizer=True,
                         super_users=("User:admin",)) as broker:
-        yield SecuredBroker(broker, certificates["ca"], passwords)
+        yield SecuredBroker(broker, certificates, passwords)

@@ -310,7 +310,7 @@ class ChaosRun:
         """`job` as its file says (its own endpoints), `samples` the records read from its input, if any."""
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
-        registry = sandbox.registry_url
+        registry = sandbox.registry
         prepared = self.prepared
         if prepared is not None:
             generator = RecordedInput(prepared.records, prepared.corrupt)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, Producer
 
 from ..jobs.spec import JobSpec
+from ..registry.client import Registry
 
 T = TypeVar("T")
 # The run's own clients say nothing: their complaints of a broker the run killed are expected, and what matters shows
@@ -140,7 +141,7 @@ def _avro_value(values: Values, schema: Any, name: str = "") -> Any:
 class InputGenerator:
     """`batch(count)` gives the next `count` record values of the job's format."""
 
-    def __init__(self, spec: JobSpec, seed: int, registry_url: str | None, topic: str):
+    def __init__(self, spec: JobSpec, seed: int, registry: Registry | str | None, topic: str):
         self.values = Values(seed)
         self.with_corrupt = spec.bad_records.policy in ("skip", "dead-letter")
         self.produced = 0
@@ -151,17 +152,19 @@ class InputGenerator:
             self._encode = lambda: json.dumps({name: _spark_value(self.values, name, kind)
                                                for name, kind in fields}).encode()
         elif spec.format.type == "avro":
-            self._encode = self._avro(spec.format.schema or "", registry_url or "", topic)
+            if registry is None:
+                raise ValueError("an Avro job's input is registered with a schema registry: none was given")
+            self._encode = self._avro(spec.format.schema or "", Registry.of(registry), topic)
         else:
             self._encode = lambda: self.values.text().encode()
 
-    def _avro(self, schema_text: str, registry_url: str, topic: str) -> Callable[[], bytes]:
+    def _avro(self, schema_text: str, registry: Registry, topic: str) -> Callable[[], bytes]:
         import fastavro
         from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
         schema = json.loads(schema_text)
-        registry = SchemaRegistryClient({"url": registry_url})
-        schema_id = registry.register_schema(f"{topic}-value", Schema(schema_text, "AVRO"))
+        client = SchemaRegistryClient(registry.confluent_config())
+        schema_id = client.register_schema(f"{topic}-value", Schema(schema_text, "AVRO"))
         parsed = fastavro.parse_schema(schema)
         header = b"\x00" + struct.pack(">I", schema_id)
 
@@ -240,8 +243,8 @@ class SampledInput:
     partition). Avro values in the Confluent wire format name a schema id of the job's registry: they are framed
     again with the id their writer schema has in the sandbox's registry."""
 
-    def __init__(self, samples: list[tuple[bytes | None, bytes | None]], topic: str, job_registry: str | None = None,
-                 sandbox_registry: str | None = None):
+    def __init__(self, samples: list[tuple[bytes | None, bytes | None]], topic: str,
+                 job_registry: Registry | None = None, sandbox_registry: Registry | None = None):
         self.samples = samples
         self.produced = 0
         self.corrupt = 0  # unknown: a sample is what it is
@@ -271,14 +274,16 @@ def _schema_id(value: bytes | None) -> int | None:
     return struct.unpack(">I", value[1:5])[0]
 
 
-def _registered_again(samples: list[tuple[bytes | None, bytes | None]], job_registry: str, sandbox_registry: str,
+def _registered_again(samples: list[tuple[bytes | None, bytes | None]], job_registry: Registry,
+                      sandbox_registry: Registry,
                       subject: str) -> dict[int, bytes]:
     """Each schema id the samples' values name in the job's registry -> the id (framed) its schema has once
     registered in the sandbox's; SampleError when one cannot be read or registered. Before the run starts: a schema
     the sandbox cannot take would otherwise stop the input in the middle of it."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    job, sandbox = SchemaRegistryClient({"url": job_registry}), SchemaRegistryClient({"url": sandbox_registry})
+    job = SchemaRegistryClient(job_registry.confluent_config())
+    sandbox = SchemaRegistryClient(sandbox_registry.confluent_config())
     ids = {}
     for schema_id in sorted({i for _key, value in samples if (i := _schema_id(value)) is not None}):
         try:

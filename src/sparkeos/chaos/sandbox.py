@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import yaml
@@ -29,6 +28,7 @@ from ..apache_kafka import ApacheKafkaCluster
 from ..jobs.quiet import librdkafka_log_level
 from ..jobs.spec import EXACT_FILE_SINK, FILE_SINKS, POSTGRES_SINK, JobSpec, load_job
 from ..ports import free_port
+from ..registry.client import Registry
 from ..spark import sink_data_source
 from ..spark.kafka.options import DEFAULT_MARKER_TOPIC
 from ..spark.postgres.options import parse_postgres_sink_options
@@ -81,7 +81,7 @@ class Sandbox:
     postgres_proxy: TcpProxy | None = None  # between the job and PostgreSQL
     named_kafka: str | None = None  # the bootstrap servers of a Kafka named on the command line
     apache_kafka: ApacheKafkaCluster | None = None  # the Apache Kafka node the run started, if any
-    registry_url: str | None = None  # the schema registry the run registers the input's schemas with (Avro)
+    registry: Registry | None = None  # the schema registry the run registers the input's schemas with (Avro)
 
     @property
     def bootstrap(self) -> str:
@@ -193,11 +193,15 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
                                   f"transactionalIdPrefix begin with {prefix})")
         document["source"]["kafka.bootstrap.servers"] = bootstrap
         kafka_section_for_run(document, bootstrap, own_kafka=not named_kafka)
-        registry = spec.format.registry if job_endpoints else (stack.schema_registry_url if avro else None)
-        if avro:
-            # Inline: a schema file named relative to the job file would not be found beside the copy.
-            document["format"].update(registry=registry, schema=spec.format.schema)
-            endpoints["schema registry"] = _without_password(registry) + (
+        registry = spec.format.registry if job_endpoints else (
+            Registry.of(stack.schema_registry_url) if avro else None)
+        if avro and registry is not None:
+            # Inline: a schema file named relative to the job file would not be found beside the copy. The job's own
+            # registry stays as its file names it, with the variables the copy still names.
+            document["format"]["schema"] = spec.format.schema
+            if not job_endpoints:
+                document["format"]["registry"] = registry.url
+            endpoints["schema registry"] = str(registry) + (
                 f" (the job's own: the run registers its schemas under subjects of its topics, {prefix}*)"
                 if job_endpoints else "")
         sink = document["sink"]
@@ -273,15 +277,6 @@ def _postgres_proxy(options: dict, seed: int) -> tuple[TcpProxy, str]:
     parts.pop("hostaddr", None)
     proxy = TcpProxy(host, int(port), kafka_framing=False, seed=seed).start()
     return proxy, make_conninfo("", **{**parts, "host": proxy.host, "port": str(proxy.port)})
-
-
-def _without_password(url: str) -> str:
-    """A URL as a report may show it: without the password of its user part."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=f"{parts.username}@{parts.hostname}"
-                                     + (f":{parts.port}" if parts.port else "")))
 
 
 def behind_prefix(document: dict, prefix: str) -> str:

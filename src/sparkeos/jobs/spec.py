@@ -8,7 +8,8 @@
     format:                       # how record values are decoded
       type: avro                  # string | json | avro
       schema: people.avsc         # avro: file or inline JSON; json: a Spark DDL string
-      registry: http://127.0.0.1:8081
+      registry: http://127.0.0.1:8081   # or Confluent's client settings: {url: https://..., basic.auth.user.info:
+                                  # "etl:${REGISTRY_PASSWORD}", ssl.ca.location: /etc/registry/ca.pem}
     transforms:                   # applied in order; each SQL sees the previous result as `input`
       - sql: SELECT * FROM input WHERE length(identifyNumber) = 18
       - python: mypackage.module:function
@@ -55,6 +56,7 @@ from typing import Any
 
 import yaml
 
+from ..registry.client import Registry, without_password
 from ..spark.files.options import FileSinkOptionError, parse_file_sink_options
 from ..spark.kafka.options import parse_sink_options, parse_source_options
 from ..spark.options import OptionError, duration_s
@@ -76,7 +78,7 @@ class JobError(ValueError):
 class FormatSpec:
     type: str = "string"
     schema: str | None = None
-    registry: str | None = None
+    registry: Registry | None = None
 
 
 @dataclass(frozen=True)
@@ -295,12 +297,37 @@ def _parse_kafka(fields: _Fields, value: Any) -> dict[str, str]:
         key = str(key)
         if key.lower().startswith("kafka."):
             raise fields.fail(f"kafka.{key}", f"takes librdkafka's names, without 'kafka.': {key[len('kafka.'):]}")
-        text = _option_text(setting)
-        missing = [name for name in ENVIRONMENT_VARIABLE.findall(text) if name not in os.environ]
-        if missing:
-            raise fields.fail(f"kafka.{key}", f"names environment variable {missing[0]}, which is not set")
-        settings[key] = ENVIRONMENT_VARIABLE.sub(lambda match: os.environ[match.group(1)], text)
+        settings[key] = _expanded(fields, f"kafka.{key}", _option_text(setting))
     return settings
+
+
+def _expanded(fields: _Fields, path: str, text: str) -> str:
+    """`text` with each `${NAME}` replaced by the environment variable NAME; an error naming one that is not set."""
+    missing = [name for name in ENVIRONMENT_VARIABLE.findall(text) if name not in os.environ]
+    if missing:
+        raise fields.fail(path, f"names environment variable {missing[0]}, which is not set")
+    return ENVIRONMENT_VARIABLE.sub(lambda match: os.environ[match.group(1)], text)
+
+
+def _parse_registry(fields: _Fields, value: Any) -> Registry | None:
+    """`format.registry`: the registry's URL, or Confluent's schema registry client settings (`url`,
+    `basic.auth.user.info`, `ssl.ca.location`, ...), each value with `${NAME}` expanded."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        settings = {str(key): _expanded(fields, f"format.registry.{key}", _option_text(setting))
+                    for key, setting in value.items()}
+    elif isinstance(value, list):
+        raise fields.fail("format.registry", "must be a URL or a mapping of schema registry client settings")
+    else:
+        url = _expanded(fields, "format.registry", str(value).strip())
+        if not re.match(r"^https?://", url):
+            raise fields.fail("format.registry", f"must be an http(s) URL (got {without_password(url)!r})")
+        settings = {"url": url}
+    try:
+        return Registry.of(settings)
+    except ValueError as exc:
+        raise fields.fail("format.registry", str(exc).removeprefix("schema registry ")) from None
 
 
 def _with_kafka_settings(options: dict[str, str], kafka: dict[str, str]) -> dict[str, str]:
@@ -335,7 +362,7 @@ def _parse_format(fields: _Fields, value: Any, base: Path | None) -> FormatSpec:
     spec = fields.mapping(value, "format", {"type", "schema", "registry"})
     kind = fields.choice(spec.get("type"), "format.type", FORMATS, "string")
     schema = fields.text(spec.get("schema"), "format.schema")
-    registry = fields.text(spec.get("registry"), "format.registry")
+    registry = _parse_registry(fields, spec.get("registry") or None) if kind == "avro" else spec.get("registry")
     if kind == "string":
         if schema or registry:
             raise fields.fail("format", "type string takes no schema or registry")
@@ -363,10 +390,8 @@ def _parse_format(fields: _Fields, value: Any, base: Path | None) -> FormatSpec:
         fastavro.parse_schema(parsed)
     except Exception as exc:  # noqa: BLE001 - fastavro raises several types for invalid schemas
         raise fields.fail("format.schema", f"is not a valid Avro schema: {exc}") from None
-    if not registry:
+    if registry is None:
         raise fields.fail("format.registry", "is required for type avro (the Confluent wire format carries schema ids)")
-    if not re.match(r"^https?://", registry):
-        raise fields.fail("format.registry", f"must be an http(s) URL (got {registry!r})")
     return FormatSpec("avro", schema=schema, registry=registry)
 
 

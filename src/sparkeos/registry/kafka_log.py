@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -35,8 +35,11 @@ TRANSIENT = {KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER, KafkaError._TIME
 class KafkaSchemaLog:
     """Append JSON records to `topic` and read them back in order."""
 
-    def __init__(self, bootstrap_servers: str, topic: str = DEFAULT_TOPIC, timeout: float = 30.0) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str = DEFAULT_TOPIC, timeout: float = 30.0,
+                 kafka_config: Mapping[str, str] | None = None) -> None:
+        """`kafka_config`: librdkafka settings its clients take besides the bootstrap servers (a secured cluster's)."""
         self.bootstrap_servers = bootstrap_servers
+        self.kafka_config = dict(kafka_config or {})
         self.topic = topic
         self.timeout = timeout
         self._partition = TopicPartition(topic, 0)
@@ -47,6 +50,7 @@ class KafkaSchemaLog:
         self._ensure_topic()
         self._producer = Producer(
             {
+                **self.kafka_config,
                 "bootstrap.servers": self.bootstrap_servers,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -57,6 +61,7 @@ class KafkaSchemaLog:
         )
         self._consumer = Consumer(
             {
+                **self.kafka_config,
                 "bootstrap.servers": self.bootstrap_servers,
                 # librdkafka wants a group id even for assign(); nothing is ever committed to it.
                 "group.id": "sparkeos-schema-registry",
@@ -135,7 +140,7 @@ class KafkaSchemaLog:
         return max(partition.offset, 0)
 
     def _ensure_topic(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, **QUIET})
+        admin = AdminClient({**self.kafka_config, "bootstrap.servers": self.bootstrap_servers, **QUIET})
         # Compacted, never deleted by age or size: the topic *is* the registry. Replicated as the cluster's
         # default says (KIP-464): one replica would refuse acks=all writes under min.insync.replicas of 2.
         topic = NewTopic(

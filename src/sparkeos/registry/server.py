@@ -2,16 +2,24 @@
 
 Routing and JSON only; all state lives in `SchemaStore`. Served by the standard library's
 threading HTTP server (HTTP/1.1 keep-alive, which the Confluent clients' httpx pool relies on).
+As Confluent's registry can be, it is served over HTTPS (`ssl_certfile`, `ssl_keyfile`) and asks
+for HTTP basic authentication (`users`: name -> password; Confluent's `authentication.method=BASIC`),
+answering 401 `{"error_code": 401, "message": "Unauthorized"}` to a request without valid credentials.
+Every authenticated user may do everything: there is no role-based authorization.
 """
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
 import logging
 import re
+import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -40,24 +48,43 @@ class SchemaRegistryServer:
         port: int = 0,
         topic: str = DEFAULT_TOPIC,
         timeout: float = 30.0,
+        *,
+        kafka_config: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | None = None,
+        ssl_certfile: str | Path | None = None,
+        ssl_keyfile: str | Path | None = None,
     ) -> None:
+        """`kafka_config`: librdkafka settings for reaching a secured cluster; `users`: basic authentication's
+        users and passwords (none: no authentication); `ssl_certfile` and `ssl_keyfile`: PEM files, for HTTPS."""
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("HTTPS needs both ssl_certfile and ssl_keyfile")
         self.bootstrap_servers = bootstrap_servers
         self.host = host
         self.port = port
-        self.store = SchemaStore(KafkaSchemaLog(bootstrap_servers, topic=topic, timeout=timeout))
+        self.users = dict(users or {})
+        self._tls: ssl.SSLContext | None = None
+        if ssl_certfile is not None:
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(str(ssl_certfile), str(ssl_keyfile))
+        self.store = SchemaStore(KafkaSchemaLog(bootstrap_servers, topic=topic, timeout=timeout,
+                                                kafka_config=kafka_config))
         self._http: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self._tls is not None else 'http'}://{host}:{self.port}"
 
     def start(self) -> SchemaRegistryServer:
         """Replay the `_schemas` topic, then accept requests."""
         self.store.open()
-        self._http = ThreadingHTTPServer((self.host, self.port), _handler_class(_Api(self.store)))
+        self._http = ThreadingHTTPServer((self.host, self.port), _handler_class(_Api(self.store), self.users))
         self._http.daemon_threads = True
+        if self._tls is not None:
+            # The handshake happens in each request's thread, on its first read, not in the accepting one.
+            self._http.socket = self._tls.wrap_socket(self._http.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, name="sparkeos-schema-registry", daemon=True)
         self._thread.start()
@@ -229,7 +256,21 @@ def _schema_id(text: str) -> int:
         raise errors.schema_not_found(f"Schema {text} not found") from None
 
 
-def _handler_class(api: _Api) -> type[BaseHTTPRequestHandler]:
+def _authorized(header: str | None, users: Mapping[str, str]) -> bool:
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return user in users and hmac.compare_digest(users[user].encode(), password.encode())
+
+
+UNAUTHORIZED = {"error_code": 401, "message": "Unauthorized"}
+
+
+def _handler_class(api: _Api, users: Mapping[str, str]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "sparkeos-schema-registry"
@@ -250,7 +291,10 @@ def _handler_class(api: _Api) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             try:
-                status, document = api.handle(method, self.path, body)
+                if users and not _authorized(self.headers.get("Authorization"), users):
+                    status, document = 401, UNAUTHORIZED
+                else:
+                    status, document = api.handle(method, self.path, body)
             except RegistryError as exc:
                 status, document = exc.status, exc.to_json()
             except Exception as exc:  # an unexpected bug must still answer in the registry's error form
@@ -261,6 +305,8 @@ def _handler_class(api: _Api) -> type[BaseHTTPRequestHandler]:
             else:
                 payload, content_type = json.dumps(document).encode(), CONTENT_TYPE
             self.send_response(status)
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Basic realm="SchemaRegistry"')
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ...client_cache import ClientCache
 from ...gc_pause import cyclic_gc_paused
-from ..cluster import learn_topic
+from ..cluster import KafkaNotAuthorized, learn_topic
 from ..options import CONSUMER_CACHE_TIMEOUT, CONSUMER_TIMEOUT_ENV, SourceOptions
 from .offsets import DataLossError, data_loss_message
 from .planner import KafkaRange
@@ -105,7 +105,10 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
     config = options.consumer_config()
     with _consumers.lease(json.dumps(config, sort_keys=True), lambda: Consumer(config)) as consumer, \
             cyclic_gc_paused():
-        yield from _read_assigned(consumer, options, task)
+        try:
+            yield from _read_assigned(consumer, options, task)
+        except KafkaException as failure:
+            raise _named(failure, task, str(config.get("group.id"))) from None
 
 
 def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
@@ -182,6 +185,18 @@ def _resume_after_lost_offsets(consumer: Consumer, task: KafkaRange, position: i
     # Not seek(): librdkafka stopped fetching the partition at the error, and refuses to seek it.
     consumer.assign([TopicPartition(task.topic, task.partition, resume)])
     return resume
+
+
+def _named(failure: KafkaException, task: KafkaRange, group: str) -> Exception:
+    """Kafka's authorizer names neither the topic nor the group it refused; the reader knows both."""
+    error = failure.args[0] if failure.args and isinstance(failure.args[0], KafkaError) else None
+    if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return KafkaNotAuthorized(f"Kafka refused to let this client's principal read {task.topic}-{task.partition} "
+                                  f"({error.name()}): reading needs READ on topic {task.topic!r}")
+    if error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return KafkaNotAuthorized(f"Kafka refused this client's principal the group {group!r} ({error.name()}): "
+                                  "reading needs READ on the group (the source's groupIdPrefix, or kafka.group.id)")
+    return failure
 
 
 def _take(message, task: KafkaRange, builder: _ArrowBuilder, fail_on_data_loss: bool) -> bool:
