@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import yaml
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AclOperation, AdminClient, ResourceType
 
 from sparkeos.broker import EmbeddedBroker
 from sparkeos.chaos import KINDS, ChaosRunFailed, FaultError, parse_faults, run
@@ -44,6 +44,7 @@ from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_va
 from support.apache_kafka import VERSIONS
 from support.browser import rendered_dom
 from support.runtime_only import runtime_environment
+from support.secured import allow, secured_broker
 from support.spark import create_topic, produce, unique, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,6 +334,36 @@ def test_told_to_use_the_jobs_own_endpoints_the_run_uses_names_of_its_own_there(
     assert prefix + topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
 
 
+@pytest.mark.timeout(CHAOS_TIMEOUT_S + 60)
+def test_on_a_secured_cluster_the_runs_own_clients_take_the_jobs_kafka_settings(runtime_python, tmp_path):
+    """A run on a cluster named on the command line that asks for SASL_SSL and whose authorizer is on: the run's own
+    clients (creating its topics, the feeder, the watcher of the output, the lag reader, the audit) connect with the
+    job file's `kafka:` section, as the job does, as a principal allowed only names that begin with `sparkeos` (the
+    run's topics and groups, the job's transactional ids)."""
+    with secured_broker(tmp_path / "secured") as cluster:
+        principal = "User:etl"
+        cluster.create_acls([*allow(principal, ResourceType.TOPIC, "sparkeos", [AclOperation.ALL], prefixed=True),
+                             *allow(principal, ResourceType.GROUP, "sparkeos", [AclOperation.READ], prefixed=True),
+                             *allow(principal, ResourceType.TRANSACTIONAL_ID, "sparkeos", [AclOperation.WRITE],
+                                    prefixed=True)])
+        document = yaml.safe_load((EXAMPLES / "people-json.yaml").read_text())
+        document["kafka"] = {key: value for key, value in cluster.client_config("etl").items()
+                             if key != "sasl.password"} | {"sasl.password": "${SPARKEOS_TEST_KAFKA_PASSWORD}"}
+        job = tmp_path / "people-json-secured.yaml"
+        job.write_text(yaml.safe_dump(document))
+        result = chaos(runtime_python, job, "--bootstrap-server", cluster.bootstrap_servers, "--faults",
+                       "python-worker-kill=4", "--duration", "8", "--rate", "40", "--json", "--workdir",
+                       str(tmp_path / "work"), env={"SPARKEOS_TEST_KAFKA_PASSWORD": cluster.passwords["etl"]})
+        report = last_json(result)
+        assert result.returncode == 0, f"{report}\n{result.stderr[-3000:]}"
+        assert report["exact"] and report["expected"] == report["delivered"] > 0, report
+        assert report["input_records"] > 0 and report["injected"]["python-worker-kill"] >= 1, report
+        # The lag and the output were read all along, through the same settings.
+        timeline = report["timeline"]
+        assert timeline and all(sample["lag"] is not None for sample in timeline[len(timeline) // 2:]), timeline
+        assert timeline[-1]["output"], timeline[-1]
+
+
 def test_a_jobs_kafka_section_is_left_out_against_the_runs_own_broker_and_pointed_at_a_named_one(tmp_path,
                                                                                                  monkeypatch):
     """The section holds the job's own cluster's security, its secrets from the environment: a run on its own open
@@ -608,7 +639,7 @@ def test_the_feeder_spreads_each_chunk_over_the_partitions(broker, tmp_path):
     to one partition, a job that keeps up with the feeder would give a mid-commit kill no moment to strike."""
     topic = create_topic(broker.bootstrap_servers, unique("chaos-input"), partitions=2)
     generator = InputGenerator(feeder_job(tmp_path), seed=3, registry=None, topic=topic)
-    feeder = Feeder(broker.bootstrap_servers, topic, generator, rate=60, seed=3)
+    feeder = Feeder({"bootstrap.servers": broker.bootstrap_servers}, topic, generator, rate=60, seed=3)
     feeder.start()
     wait_for(lambda: feeder.acknowledged + feeder.aborted >= 30 or feeder.failed, timeout_s=30,
              what="the first chunk")
@@ -629,7 +660,7 @@ def test_the_feeder_aborts_some_chunks_and_loses_nothing_when_the_broker_is_kill
     bootstrap = broker_process.bootstrap_servers
     topic = create_topic(bootstrap, unique("chaos-input"), partitions=2)
     generator = InputGenerator(feeder_job(tmp_path, "skip"), seed=5, registry=None, topic=topic)
-    feeder = Feeder(bootstrap, topic, generator, rate=1000, seed=5)
+    feeder = Feeder({"bootstrap.servers": bootstrap}, topic, generator, rate=1000, seed=5)
     feeder.start()
     try:
         wait_for(lambda: feeder.acknowledged >= 2000 or feeder.failed, timeout_s=60, what="records before the kill")
@@ -642,7 +673,7 @@ def test_the_feeder_aborts_some_chunks_and_loses_nothing_when_the_broker_is_kill
         feeder.stop()
     assert not feeder.failed, feeder.failed
     assert feeder.aborted > 0 and feeder.acknowledged + feeder.aborted + feeder.uncertain == generator.produced
-    committed, corrupt = committed_input(bootstrap, topic)
+    committed, corrupt = committed_input({"bootstrap.servers": bootstrap}, topic)
     assert feeder.acknowledged <= committed <= feeder.acknowledged + feeder.uncertain, (committed, feeder.uncertain)
     assert 0 < corrupt < committed // 400, corrupt
     ids = [json.loads(value)["id"] for value in read_values(bootstrap, topic, isolation_level=READ_UNCOMMITTED)

@@ -119,9 +119,11 @@ class Feeder(threading.Thread):
     one left; how it ended shows in the topic, which `committed_input` reads at the end). `stop()` returns once the
     last transaction ended."""
 
-    def __init__(self, bootstrap: str, topic: str, generator: InputGenerator | SampledInput, rate: int, seed: int):
+    def __init__(self, kafka_config: dict[str, str], topic: str, generator: InputGenerator | SampledInput, rate: int,
+                 seed: int):
+        """`kafka_config`: librdkafka's settings to reach the cluster (bootstrap servers, security)."""
         super().__init__(name="chaos-input", daemon=True)
-        self.bootstrap, self.topic, self.generator, self.rate = bootstrap, topic, generator, rate
+        self.kafka_config, self.topic, self.generator, self.rate = kafka_config, topic, generator, rate
         self.random = random.Random(seed)
         self.transactional_id = f"sparkeos-chaos-input-{uuid.uuid4().hex[:12]}"
         self.producer: Producer | None = None
@@ -170,7 +172,7 @@ class Feeder(threading.Thread):
                 raise
 
     def _new_producer(self) -> Producer:
-        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id,
+        producer = Producer({**self.kafka_config, "transactional.id": self.transactional_id,
                              "linger.ms": 20, "compression.type": "lz4", **SILENT_CLIENT})
         call_while_retriable(lambda: producer.init_transactions(FEED_CALL_TIMEOUT_S), FEED_OUTAGE_S)
         return producer
@@ -212,10 +214,10 @@ class PreparedRun:
     done: Callable[[], bool]
 
 
-def committed_input(bootstrap: str, topic: str) -> tuple[int, int]:
+def committed_input(kafka_config: dict[str, str], topic: str) -> tuple[int, int]:
     """The records of `topic` a read_committed reader reads, and how many of them are not decodable: what the run fed,
     whatever became of the transactions whose producer failed."""
-    values = read_values(bootstrap, topic, config=SILENT_CLIENT)
+    values = read_values(kafka_config["bootstrap.servers"], topic, config={**kafka_config, **SILENT_CLIENT})
     return len(values), sum(1 for value in values if value == CORRUPT_VALUE)
 
 
@@ -336,9 +338,9 @@ class ChaosRun:
             except Exception:  # noqa: BLE001 - the store is down (a fault), or has nothing yet
                 return None
 
-        lag = LagCluster({"bootstrap.servers": sandbox.bootstrap, **SILENT_CLIENT}, timeout_s=10)
+        lag = LagCluster({**sandbox.kafka_config, **SILENT_CLIENT}, timeout_s=10)
         feeder = generator if isinstance(generator, RecordedInput) else Feeder(
-            sandbox.bootstrap, sandbox.topics.input, generator, settings.rate, settings.seed)
+            sandbox.kafka_config, sandbox.topics.input, generator, settings.rate, settings.seed)
         schedule: Schedule | None = None  # drawn once the job committed its first batch
         supervisor.start_driver()
         self.event("started", f"driver on {master}")
@@ -498,7 +500,7 @@ class ChaosRun:
             self.report.input_records, self.report.corrupt_records = feeder.acknowledged, generator.corrupt
         else:
             try:
-                self.report.input_records, self.report.corrupt_records = committed_input(sandbox.bootstrap,
+                self.report.input_records, self.report.corrupt_records = committed_input(sandbox.kafka_config,
                                                                                          sandbox.topics.input)
             except Exception as error:  # noqa: BLE001 - the run's report still comes, with what the feeder knows
                 self.report.feed_errors.append(f"the input topic could not be read back: {error}")

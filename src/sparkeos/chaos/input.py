@@ -226,9 +226,10 @@ def read_sample(spec: JobSpec, count: int, timeout_s: float = 60.0) -> list[tupl
     from ..verify import end_offsets, iter_records
 
     bootstrap, topic = spec.source.get("kafka.bootstrap.servers", ""), spec.source.get("subscribe", "")
+    config = {**spec.kafka_client_config(), **SILENT_CLIENT}
     try:
-        partitions = len(end_offsets(bootstrap, topic, timeout_s=timeout_s, config=SILENT_CLIENT)) or 1
-        records = list(iter_records(bootstrap, topic, timeout_s=timeout_s, config=SILENT_CLIENT,
+        partitions = len(end_offsets(bootstrap, topic, timeout_s=timeout_s, config=config)) or 1
+        records = list(iter_records(bootstrap, topic, timeout_s=timeout_s, config=config,
                                     last=-(-count // partitions)))
     except Exception as error:  # noqa: BLE001 - unreachable, no such topic: said with the cluster's name
         raise SampleError(f"cannot read a sample of {topic} on {bootstrap}: {error}") from error

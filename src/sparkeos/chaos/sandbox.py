@@ -90,6 +90,12 @@ class Sandbox:
         return self.named_kafka or self.stack.bootstrap_servers
 
     @property
+    def kafka_config(self) -> dict[str, str]:
+        """What the run's own clients connect to its Kafka with: the servers, and on a cluster named on the command
+        line the security settings of the job's `kafka:` section (`load_for_run`)."""
+        return {**self.spec.kafka_client_config(), "bootstrap.servers": self.bootstrap}
+
+    @property
     def kafka_server(self) -> StackProcess | ApacheKafkaNode:
         """The broker that the broker-kill fault crashes and starts again."""
         return ApacheKafkaNode(self.apache_kafka) if self.apache_kafka is not None else self.stack
@@ -241,7 +247,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
         sandboxed = load_job(job_path)
         topics = Topics(input_topic, sandboxed.sink.options.get("topic") if sandboxed.sink.is_kafka else None,
                         sandboxed.bad_records.topic if sandboxed.bad_records.policy == "dead-letter" else None)
-        _create_topics(bootstrap, topics, partitions)
+        _create_topics({**sandboxed.kafka_client_config(), "bootstrap.servers": bootstrap}, topics, partitions)
         return Sandbox(workdir, stack, postgres, job_path, sandboxed, topics, endpoints, kafka_proxy, postgres_proxy,
                        named_kafka, apache, registry)
     except BaseException:
@@ -304,8 +310,9 @@ def behind_prefix(document: dict, prefix: str) -> str:
     return source["subscribe"]
 
 
-def _create_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
+def _create_topics(config: dict[str, str], topics: Topics, partitions: int) -> None:
+    bootstrap = config["bootstrap.servers"]
+    admin = AdminClient({**config, **QUIET_CLIENT})
     new = [NewTopic(topics.input, partitions)]
     new += [NewTopic(name, OUTPUT_PARTITIONS) for name in (topics.output, topics.dead_letter) if name]
     for name, future in admin.create_topics(new, request_timeout=30).items():

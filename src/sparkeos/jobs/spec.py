@@ -58,6 +58,7 @@ import yaml
 
 from ..registry.client import Registry, without_password
 from ..spark.files.options import FileSinkOptionError, parse_file_sink_options
+from ..spark.kafka.cluster import connection_config
 from ..spark.kafka.options import parse_sink_options, parse_source_options
 from ..spark.options import OptionError, duration_s
 from ..spark.postgres.options import parse_postgres_sink_options
@@ -157,6 +158,12 @@ class JobSpec:
     @property
     def bootstrap_servers(self) -> str:
         return self.source["kafka.bootstrap.servers"]
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka's connection and security settings of the job's source (its `kafka:` section's, under its own
+        kafka.* options), bootstrap servers included: what another client of the job's Kafka connects with."""
+        client = {key[len("kafka."):]: value for key, value in self.source.items() if key.lower().startswith("kafka.")}
+        return connection_config(client)
 
 
 def seconds_text(seconds: float) -> str:

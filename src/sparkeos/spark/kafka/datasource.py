@@ -11,11 +11,18 @@ from ..checkpoint_target import claim_checkpoint
 from ..gc_pause import freeze_planner_worker_once
 from ..options import batch_write_id
 from ..source_runner import quiet_when_spark_hangs_up
+from .cluster import connection_config
 from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink.startup_checks import prepare_exactly_once, validate_input_schema
 from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
 from .source.readers import KafkaBatchReader, KafkaStreamReader
 from .source.schema import source_schema
+
+
+def _connection(options: dict[str, str]) -> dict[str, str]:
+    """The connection and security settings among a sink's kafka.* options, for the readers of what it wrote."""
+    client = {key[len("kafka."):]: value for key, value in options.items() if key.lower().startswith("kafka.")}
+    return {key: value for key, value in connection_config(client).items() if key != "bootstrap.servers"}
 
 
 class KafkaDataSource(DataSource):
@@ -36,7 +43,7 @@ class KafkaDataSource(DataSource):
 
         lowered = {k.lower(): v for k, v in options.items()}
         return sum(end_offsets(lowered["kafka.bootstrap.servers"], lowered["topic"], timeout_s=5,
-                               config={"log_level": 0}).values())
+                               config={**_connection(options), "log_level": 0}).values())
 
     @classmethod
     def visible_records(cls, options: dict[str, str]) -> None:
@@ -56,8 +63,9 @@ class KafkaDataSource(DataSource):
         bootstrap, topic = lowered["kafka.bootstrap.servers"], lowered["topic"]
         deadline = time.monotonic() + settle_s
         while True:
-            stable = end_offsets(bootstrap, topic, config={"log_level": 0})
-            high = end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED, config={"log_level": 0})
+            stable = end_offsets(bootstrap, topic, config={**_connection(options), "log_level": 0})
+            high = end_offsets(bootstrap, topic, isolation_level=READ_UNCOMMITTED,
+                               config={**_connection(options), "log_level": 0})
             held = sorted(p for p, offset in high.items() if stable.get(p, 0) < offset)
             if not held or time.monotonic() >= deadline:
                 return [f"a transaction open on {topic} partition {p}: read_committed readers stop at offset "
