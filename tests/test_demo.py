@@ -12,10 +12,12 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AclOperation, AdminClient, ResourceType
 
 from sparkeos.ports import free_port
+from sparkeos.spark.kafka.options import DEFAULT_MARKER_TOPIC
 from support.runtime_only import runtime_environment
+from support.secured import allow, secured_broker
 from support.spark import create_topic, unique
 
 EXPECTED_KEYS = {"expected", "delivered", "missing", "duplicated", "dead_lettered", "restarts"}
@@ -60,6 +62,39 @@ def test_demo_on_an_existing_cluster_with_event_time_windows_is_exact(runtime_py
     assert not [group.group_id for group in groups if group.group_id.startswith(prefix)]
 
 
+@pytest.mark.timeout(600)
+def test_demo_on_a_secured_cluster_with_its_driver_killed_is_exact(runtime_python, tmp_path):
+    """`--bootstrap-servers` with `--command-config`: a cluster that asks for SASL_SSL, its authorizer on, as a
+    principal allowed only the demo's names (`sparkeos-demo-` and the sink's marker topic). Every client of the run
+    takes the settings: the topics it makes and deletes, its schema registry's, the feeder, the job (whose file
+    names the password through an environment variable, never writes it), the audit."""
+    with secured_broker(tmp_path / "secured") as cluster:
+        principal = "User:etl"
+        cluster.create_acls([
+            *allow(principal, ResourceType.TOPIC, "sparkeos-demo-", [AclOperation.ALL], prefixed=True),
+            *allow(principal, ResourceType.TOPIC, DEFAULT_MARKER_TOPIC, [
+                AclOperation.CREATE, AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE_CONFIGS]),
+            *allow(principal, ResourceType.GROUP, "sparkeos-demo-", [AclOperation.ALL], prefixed=True),
+            *allow(principal, ResourceType.GROUP, "sparkeos-", [AclOperation.READ], prefixed=True),
+            *allow(principal, ResourceType.TRANSACTIONAL_ID, "sparkeos-demo-", [AclOperation.WRITE], prefixed=True),
+        ])
+        properties = tmp_path / "client.properties"
+        properties.write_text("".join(f"{key}={value}\n" for key, value in cluster.client_config("etl").items()
+                                      if key != "bootstrap.servers"))
+        report, result = run_demo(runtime_python, tmp_path, "--records", "3000", "--event-time", "--crash-every",
+                                  "6", "--bootstrap-servers", cluster.bootstrap_servers, "--command-config",
+                                  str(properties))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert report["exact"] and report["missing"] == report["duplicated"] == 0, report
+        assert report["delivered"] == report["expected"] > 2000 and report["dead_lettered"] == 5, report
+        assert report["restarts"] >= 1, report
+        job = (tmp_path / "demo" / "job.yaml").read_text()
+        assert cluster.passwords["etl"] not in job and "${SPARKEOS_DEMO_SASL_PASSWORD}" in job, job
+        admin = AdminClient(cluster.client_config("admin"))
+        left = [topic for topic in admin.list_topics(timeout=30).topics if topic.startswith(report["prefix"])]
+        assert left == [], f"the demo left its topics on the cluster: {left}"
+
+
 def test_demo_names_a_cluster_it_cannot_reach_and_exits_2(runtime_python, tmp_path):
     address = f"127.0.0.1:{free_port()}"
     started = time.monotonic()
@@ -90,6 +125,11 @@ def test_demo_survives_driver_crashes(runtime_python, tmp_path):
     (["--bootstrap-servers", "a:9092,,b:9092"], "expected HOST:PORT, got ''"),
     (["--bootstrap-servers", "kafka:0"], "port in 'kafka:0' must be above 0"),
     (["--keep-topics"], "--keep-topics applies to --bootstrap-servers only"),
+    (["-X", "security.protocol=SASL_SSL"], "-X applies to --bootstrap-servers only"),
+    (["--bootstrap-servers", "kafka:9093", "-X", "security.protocol"], "-X expects KEY=VALUE, got 'security.protocol'"),
+    (["--bootstrap-servers", "kafka:9093", "-X", "sasl.mechanizm=PLAIN"], "bad Kafka client property"),
+    (["--bootstrap-servers", "kafka:9093", "--command-config", "/nonexistent/client.properties"],
+     "cannot read --command-config /nonexistent/client.properties"),
 ])
 def test_bad_cluster_arguments_are_refused_before_anything_starts(tmp_path, arguments, message):
     result = subprocess.run([sys.executable, "-m", "sparkeos", "demo", "--data-dir", str(tmp_path / "demo"),

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from . import client_settings
 from .broker.core import BrokerConfig
 from .stack import serve
 
@@ -264,6 +265,7 @@ def _add_demo_parser(commands: argparse._SubParsersAction) -> None:
                              "groups named sparkeos-demo-<run id>-*, deleted when the output is exact")
     parser.add_argument("--keep-topics", action="store_true",
                         help="with --bootstrap-servers: keep the run's topics and groups after an exact run")
+    client_settings.add_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="print the final report as one JSON object on the last line")
 
@@ -395,10 +397,7 @@ def _add_lag_parser(commands: argparse._SubParsersAction) -> None:
                          help="a streaming query's checkpointLocation (a path, or a file://, s3a://, hdfs:// URI)")
     subject.add_argument("--group", help="a consumer group: its committed offsets")
     parser.add_argument("--bootstrap-servers", required=True, help="the Kafka cluster the input topics are on")
-    parser.add_argument("--command-config", type=Path, metavar="FILE",
-                        help="a properties file of Kafka client settings (librdkafka's names), e.g. security")
-    parser.add_argument("-X", dest="properties", action="append", default=[], metavar="KEY=VALUE",
-                        help="one Kafka client setting (librdkafka's name); repeatable; overrides --command-config")
+    client_settings.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (one per line with --watch)")
     parser.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS until Ctrl-C")
     parser.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS",
@@ -486,11 +485,20 @@ def run_demo(args: argparse.Namespace) -> int:
     setup_logging("WARNING")
     from .demo import run_demo as demo
 
-    if args.keep_topics and not args.bootstrap_servers:
-        print("sparkeos demo: --keep-topics applies to --bootstrap-servers only", file=sys.stderr)
-        return 2
+    for given, name in ((args.keep_topics, "--keep-topics"), (args.command_config, "--command-config"),
+                        (args.properties, "-X")):
+        if given and not args.bootstrap_servers:
+            print(f"sparkeos demo: {name} applies to --bootstrap-servers only", file=sys.stderr)
+            return 2
+    kafka_config = None
+    if args.bootstrap_servers:
+        try:
+            kafka_config = client_settings.client_config(args.bootstrap_servers, args.command_config, args.properties)
+        except client_settings.ClientSettingsError as error:
+            print(f"sparkeos demo: {error}", file=sys.stderr)
+            return 2
     return demo(args.records, args.data_dir, args.crash_every, args.event_time, args.json, args.partitions,
-                bootstrap_servers=args.bootstrap_servers, keep_topics=args.keep_topics)
+                bootstrap_servers=args.bootstrap_servers, keep_topics=args.keep_topics, kafka_config=kafka_config)
 
 
 def run_job(args: argparse.Namespace) -> int:

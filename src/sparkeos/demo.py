@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import re
 import struct
 import sys
 import tempfile
@@ -60,6 +62,7 @@ PEOPLE_SCHEMA = {
 }
 READER_SCHEMA = PEOPLE_SCHEMA  # the seed reads with the writer's schema; resolution needs the same record name
 STALL_S = 60  # caught up, yet the output stopped growing short of what is expected: audit what is there
+NUDGE_S = 10  # caught up on event time, the output not growing: the windows may wait for a batch (`nudge`)
 # librdkafka's warnings and errors only (sparkeos.jobs.quiet): its informational lines are no news for a demo.
 QUIET_CLIENT = {"log_level": librdkafka_log_level("WARNING")}
 
@@ -102,6 +105,7 @@ class Generated:
     records: int
     valid: int           # records the job must deliver (18-character ID numbers)
     corrupt: int         # records that cannot be decoded (dead-lettered)
+    sentinel: tuple[bytes, int] | None = None  # the late sentinel's value and timestamp (event time)
 
 
 def confluent_frame(schema_id: int, body: bytes) -> bytes:
@@ -167,18 +171,29 @@ def produce_people(bootstrap: str, registry: Registry | str, count: int, seed: i
         buffer.seek(0)
         buffer.truncate()
         fastavro.schemaless_writer(buffer, parsed, {"id": -1, "name": "watermark", "identifyNumber": "9" * 18})
-        producer.produce(topic, confluent_frame(schema_id, buffer.getvalue()),
-                         timestamp=int(time.time() * 1000) + 60_000)
+        sentinel = (confluent_frame(schema_id, buffer.getvalue()), int(time.time() * 1000) + 60_000)
+        producer.produce(topic, sentinel[0], timestamp=sentinel[1])
     if producer.flush(60):
         raise RuntimeError("the demo input was not fully acknowledged")
-    return Generated(count + late_sentinel, valid, corrupt_count)
+    return Generated(count + late_sentinel, valid, corrupt_count, sentinel if late_sentinel else None)
 
 
-def check_reachable(bootstrap: str) -> None:
+def nudge(bootstrap: str, topic: str, sentinel: tuple[bytes, int], kafka_config: Mapping[str, str] | None) -> None:
+    """The late sentinel once more, in its own window, which stays open: a batch with data. Spark runs the batch
+    that emits the windows the watermark has passed only after the one that moved it, and a driver restarted in
+    between has no previous batch to ask: with no new input, those windows would wait for data forever."""
+    producer = Producer({**(kafka_config or {}), "bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         **QUIET_CLIENT})
+    producer.produce(topic, sentinel[0], timestamp=sentinel[1])
+    if producer.flush(60):
+        raise RuntimeError("the demo's nudge was not acknowledged")
+
+
+def check_reachable(bootstrap: str, kafka_config: Mapping[str, str] | None = None) -> None:
     """Raise Unreachable, naming the address and what the client saw, unless a broker of `bootstrap` answers."""
     # Silent: the client would log each refused connection, many times a second; the error below says it once.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": REACH_TIMEOUT_S * 1000,
-                         "log_level": 0})
+    admin = AdminClient({**(kafka_config or {}), "bootstrap.servers": bootstrap,
+                         "socket.connection.setup.timeout.ms": REACH_TIMEOUT_S * 1000, "log_level": 0})
     try:
         admin.list_topics(timeout=REACH_TIMEOUT_S)
     except KafkaException as error:
@@ -186,21 +201,22 @@ def check_reachable(bootstrap: str) -> None:
                           f"{error.args[0].str()}") from None
 
 
-def create_topics(bootstrap: str, partitions: int, names: DemoTopics = DEFAULT_TOPICS) -> None:
+def create_topics(bootstrap: str, partitions: int, names: DemoTopics = DEFAULT_TOPICS,
+                  kafka_config: Mapping[str, str] | None = None) -> None:
     """The input and output with `partitions` each, the dead-letter topic with one; the cluster's default
     replication factor (KIP-464)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
+    admin = AdminClient({**(kafka_config or {}), "bootstrap.servers": bootstrap, **QUIET_CLIENT})
     topics = [NewTopic(names.input, partitions), NewTopic(names.output, partitions), NewTopic(names.dead_letter, 1)]
     for future in admin.create_topics(topics).values():
         future.result(30)
 
 
-def delete_run(bootstrap: str, names: DemoTopics) -> list[str]:
+def delete_run(bootstrap: str, names: DemoTopics, kafka_config: Mapping[str, str] | None = None) -> list[str]:
     """Remove what a run on an existing cluster created: its topics, its registry's topic, the job's consumer group
     and the groups of the sink's commit markers (named after its transactional ids, which carry the run's prefix).
     The marker records themselves stay in the sink's shared marker topic, as every query's do. Returns what could
     not be deleted, with the broker's reason; what is gone already counts as deleted."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET_CLIENT})
+    admin = AdminClient({**(kafka_config or {}), "bootstrap.servers": bootstrap, **QUIET_CLIENT})
     left = []
     for topic, future in admin.delete_topics([*names.topics, names.schemas], operation_timeout=30).items():
         left += _failed(f"topic {topic}", future, KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -245,11 +261,25 @@ def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time
     }
 
 
-def count_committed(bootstrap: str, topic: str) -> int:
+def kafka_section(kafka_config: Mapping[str, str]) -> dict[str, str]:
+    """The job file's `kafka:` section for the settings the demo was given. A secret (a setting whose name says
+    password or secret) is not written into the file: it names an environment variable of this process, which the
+    job's driver inherits."""
+    section = {}
+    for key, value in kafka_config.items():
+        if "password" in key or "secret" in key:
+            variable = "SPARKEOS_DEMO_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
+            os.environ[variable] = value
+            value = "${" + variable + "}"
+        section[key] = value
+    return section
+
+
+def count_committed(bootstrap: str, topic: str, kafka_config: Mapping[str, str] | None = None) -> int:
     """Records of `topic` visible to read_committed readers, read to its end. The count is progress shown while
     the job runs, so a read that times out shows what it counted so far instead of ending the demo."""
     try:
-        return count_records(bootstrap, topic, timeout_s=60, config=QUIET_CLIENT)
+        return count_records(bootstrap, topic, timeout_s=60, config={**(kafka_config or {}), **QUIET_CLIENT})
     except ReadTimeout as timed_out:
         return timed_out.records_read
 
@@ -267,11 +297,11 @@ class ExistingCluster:
     """A cluster the demo did not start (--bootstrap-servers), with the demo's schema registry beside it, in this
     process, keeping its schemas in the run's own topic."""
 
-    def __init__(self, bootstrap: str, schemas_topic: str):
+    def __init__(self, bootstrap: str, schemas_topic: str, kafka_config: Mapping[str, str] | None = None):
         from .registry import SchemaRegistryServer
 
         self.bootstrap_servers = bootstrap
-        self.registry = SchemaRegistryServer(bootstrap, topic=schemas_topic)
+        self.registry = SchemaRegistryServer(bootstrap, topic=schemas_topic, kafka_config=kafka_config)
 
     @property
     def schema_registry_url(self) -> str:
@@ -287,9 +317,12 @@ class ExistingCluster:
 
 def run_demo(records: int, data_dir: Path | None, crash_every: float | None, event_time: bool, as_json: bool,
              partitions: int = 2, seed: int = 42, timeout_s: float = 900, bootstrap_servers: str | None = None,
-             keep_topics: bool = False) -> int:
+             keep_topics: bool = False, kafka_config: Mapping[str, str] | None = None) -> int:
     """Exit status: 0 when the audit found the output exact, 1 when not, 2 when --bootstrap-servers is unreachable.
-    A preset of the chaos engine (sparkeos.chaos.engine): the demo's sandbox and input, driver kills as its fault."""
+    A preset of the chaos engine (sparkeos.chaos.engine): the demo's sandbox and input, driver kills as its fault.
+    `kafka_config`: librdkafka settings for the cluster of `bootstrap_servers` (a secured one's), which every
+    client of the run takes, the job's too."""
+    kafka_config = {key: value for key, value in (kafka_config or {}).items() if key != "bootstrap.servers"}
     from .chaos.engine import ChaosRun, ChaosSettings, PreparedRun
     from .chaos.sandbox import Sandbox, Topics
     from .jobs.spec import load_job
@@ -297,34 +330,37 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
     console = Console(stderr=as_json)
     if bootstrap_servers:
         try:
-            check_reachable(bootstrap_servers)
+            check_reachable(bootstrap_servers, kafka_config)
         except Unreachable as error:
             console.print(f"[red]{error}[/]", highlight=False, soft_wrap=True)
             return 2
     workdir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="sparkeos-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     names = DemoTopics.for_run() if bootstrap_servers else DEFAULT_TOPICS
-    stack: ExistingCluster | StackProcess = (ExistingCluster(bootstrap_servers, names.schemas) if bootstrap_servers
-                                             else StackProcess(workdir / "broker", schema_registry=True))
+    stack: ExistingCluster | StackProcess = (
+        ExistingCluster(bootstrap_servers, names.schemas, kafka_config) if bootstrap_servers
+        else StackProcess(workdir / "broker", schema_registry=True))
     stack.start()
     try:
         bootstrap = stack.bootstrap_servers
         registry_url = stack.schema_registry_url
-        create_topics(bootstrap, partitions, names)
+        create_topics(bootstrap, partitions, names, kafka_config)
         generated = produce_people(bootstrap, registry_url, records, seed, late_sentinel=event_time,
-                                   topic=names.input)
+                                   topic=names.input, kafka_config=kafka_config)
         where = f"topics {names.prefix}-*" if names.prefix else "broker"
         console.print(f"{where} on {bootstrap}, schema registry {registry_url}, {generated.records} records produced "
                       f"({generated.valid} with 18-character ID numbers, {generated.corrupt} corrupt), "
                       f"workdir {workdir}", highlight=False)
         job_path = workdir / "job.yaml"
-        job_path.write_text(yaml.safe_dump(job_document(bootstrap, registry_url, workdir / "checkpoint", event_time,
-                                                        names), sort_keys=False))
+        document = job_document(bootstrap, registry_url, workdir / "checkpoint", event_time, names)
+        if kafka_config:
+            document["kafka"] = kafka_section(kafka_config)
+        job_path.write_text(yaml.safe_dump(document, sort_keys=False))
         sandbox = Sandbox(workdir, stack if isinstance(stack, StackProcess) else None, None, job_path,
                           load_job(job_path), Topics(names.input, names.output, names.dead_letter),
                           {"Kafka": bootstrap}, named_kafka=bootstrap if names.prefix else None,
-                          registry_url=registry_url)
-        watch = Watch(bootstrap, names, generated)
+                          registry=Registry.of(registry_url))
+        watch = Watch(bootstrap, names, generated, kafka_config)
         settings = ChaosSettings(faults={"driver-kill": crash_every} if crash_every else {}, seed=seed,
                                  partitions=partitions, master="local[2]", timeout_s=timeout_s, workdir=workdir)
         with Live(status_table({}), console=console, refresh_per_second=2) as live:
@@ -353,7 +389,7 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
         stack.stop()
     if names.prefix:
         if exact and not keep_topics:
-            left = delete_run(bootstrap, names)
+            left = delete_run(bootstrap, names, kafka_config)
             if left:
                 console.print(f"[yellow]could not delete {', '.join(left)}[/]", highlight=False, soft_wrap=True)
             else:
@@ -369,20 +405,31 @@ def run_demo(records: int, data_dir: Path | None, crash_every: float | None, eve
 class Watch:
     """The demo's live view of a run, and its rule for when the job is done: all of the input processed (the chaos
     engine's rule) and every valid record delivered and every corrupt one dead-lettered, or the output stopped
-    growing for STALL_S short of that."""
+    growing for STALL_S short of that. On event time, output short for NUDGE_S gets the late sentinel again
+    (`nudge`)."""
 
-    def __init__(self, bootstrap: str, names: DemoTopics, generated: Generated):
+    def __init__(self, bootstrap: str, names: DemoTopics, generated: Generated,
+                 kafka_config: Mapping[str, str] | None = None):
         self.bootstrap, self.names, self.generated = bootstrap, names, generated
+        self.kafka_config = kafka_config
+        self.last_nudge, self.nudges = 0.0, 0
         self.counts: tuple[int, int] | None = None
         self.last_change = time.monotonic()
         self.stalled = False
 
     def done(self) -> bool:
-        counts = (count_committed(self.bootstrap, self.names.output),
-                  count_committed(self.bootstrap, self.names.dead_letter))
+        counts = (count_committed(self.bootstrap, self.names.output, self.kafka_config),
+                  count_committed(self.bootstrap, self.names.dead_letter, self.kafka_config))
+        now = time.monotonic()
         if counts != self.counts:
-            self.counts, self.last_change = counts, time.monotonic()
-        self.stalled = time.monotonic() - self.last_change > STALL_S
+            self.counts, self.last_change = counts, now
+        sentinel = self.generated.sentinel
+        if sentinel is not None and counts[0] < self.generated.valid and now - self.last_change > NUDGE_S and \
+                now - self.last_nudge > NUDGE_S:
+            nudge(self.bootstrap, self.names.input, sentinel, self.kafka_config)
+            self.last_nudge, self.nudges = now, self.nudges + 1
+            return False
+        self.stalled = now - self.last_change > STALL_S
         return (counts[0] >= self.generated.valid and counts[1] >= self.generated.corrupt) or self.stalled
 
     def state(self, report: ChaosReport) -> dict:
