@@ -235,6 +235,43 @@ def admin_configs_and_errors(bootstrap: str) -> Observation:
     }
 
 
+def incremental_config_changes_as_clients_make_them(bootstrap: str) -> Observation:
+    """IncrementalAlterConfigs' four operations on topics created with a codec, as confluent-kafka-python's own
+    integration test of them makes them: APPEND to and SUBTRACT from a list, SET, DELETE back to the default; what
+    DescribeConfigs then reports as set (min.insync.replicas left out: see admin_configs_and_errors)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    first, second = (create_topic(bootstrap, _name(kind), 2, {"compression.type": "gzip"}) for kind in ("inc", "dec"))
+
+    def alter(topic: str, *changes: tuple[str, str | None, AlterConfigOpType]) -> str:
+        resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=operation) for name, value, operation in changes])
+        return _error_name(lambda: admin.incremental_alter_configs([resource])[resource].result(30))
+
+    def set_entries(topic: str, settled: Callable[[list[str]], bool]) -> list[str]:
+        """The entries not at their default, asked again until `settled` (a broker applies a change a moment after
+        its controller took it), for at most 15 s."""
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        deadline = time.monotonic() + 15
+        while True:
+            described = admin.describe_configs([resource])[resource].result(30)
+            entries = sorted(f"{entry.name}={entry.value}" for entry in described.values()
+                             if not entry.is_default and entry.name != "min.insync.replicas")
+            if settled(entries) or time.monotonic() >= deadline:
+                return entries
+
+    append, subtract, set_, delete = (AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT, AlterConfigOpType.SET,
+                                      AlterConfigOpType.DELETE)
+    return {
+        "append and set": alter(first, ("cleanup.policy", "compact", append), ("retention.ms", "10000", set_)),
+        "subtract and set": alter(second, ("cleanup.policy", "delete", subtract), ("retention.ms", "5000", set_)),
+        "first": set_entries(first, lambda entries: "retention.ms=10000" in entries),
+        "second": set_entries(second, lambda entries: "retention.ms=5000" in entries),
+        "delete and set": alter(second, ("compression.type", None, delete), ("retention.ms", "10000", set_)),
+        "second after": set_entries(second, lambda entries: "retention.ms=10000" in entries),
+        "append to a non-list": alter(first, ("retention.ms", "1", append)),
+    }
+
+
 def a_record_too_large_for_the_topic(bootstrap: str) -> Observation:
     topic = _name("large")
     create_topic(bootstrap, topic, config={"max.message.bytes": "2000"})
@@ -326,6 +363,10 @@ def scram_credentials_through_the_admin_api(bootstrap: str) -> Observation:
         "upsert other mechanism": alter(UserScramCredentialUpsertion(user, ScramCredentialInfo(sha512, 8192),
                                                                      b"secret")),
         "described": described_once(lambda seen: isinstance(seen, list) and len(seen) == 2),
+        # Every user, as DescribeUserScramCredentials without names (None or an empty list) describes them.
+        "described among all": [sorted((str(i.mechanism), i.iterations) for i in
+                                       admin.describe_user_scram_credentials(*names).result(30)[user]
+                                       .scram_credential_infos) for names in ([], [None])],
         "too few iterations": alter(UserScramCredentialUpsertion(_name("few"), ScramCredentialInfo(sha256, 100),
                                                                  b"secret")),
         "too many iterations": alter(UserScramCredentialUpsertion(_name("many"), ScramCredentialInfo(sha256, 20000),
@@ -341,7 +382,7 @@ def scram_credentials_through_the_admin_api(bootstrap: str) -> Observation:
 SCENARIOS = [transactions_with_aborts, open_transaction_holds_the_last_stable_offset, a_fenced_producer_cannot_commit,
              transactional_group_offsets_wait_for_the_commit, offsets_by_timestamp, admin_configs_and_errors,
              a_record_too_large_for_the_topic, topics_that_recompress,
-             scram_credentials_through_the_admin_api]
+             scram_credentials_through_the_admin_api, incremental_config_changes_as_clients_make_them]
 
 
 @pytest.mark.parametrize("version", apache_kafka.tested_versions())
