@@ -317,3 +317,32 @@ def test_a_principal_that_may_write_a_topic_cannot_write_into_another_producers_
 
 def test_an_acl_filter_kafka_refuses_is_an_invalid_request(guarded) -> None:
     assert describe_acls_error(guarded, "admin", resource_type=0) == 42  # INVALID_REQUEST: UNKNOWN resource type
+
+
+def test_metadata_reports_the_operations_a_principal_may_do_to_the_cluster_and_each_topic(guarded) -> None:
+    """KIP-430: what describe_cluster and describe_topics report with include_authorized_operations (Metadata v8+),
+    as AdminClient users and confluent-kafka-python's own tests of describe operations read it."""
+    from confluent_kafka import TopicCollection
+
+    admin = AdminClient(client(guarded, "admin"))
+    topic = f"operations-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_acls(guarded, [allow(ResourceType.TOPIC, topic, AclOperation.READ),
+                          allow(ResourceType.BROKER, "kafka-cluster", AclOperation.IDEMPOTENT_WRITE)])
+    alice = AdminClient(client(guarded, "alice"))
+
+    def operations(admin_client: AdminClient) -> tuple[set, set]:
+        cluster = admin_client.describe_cluster(include_authorized_operations=True).result(30)
+        topics = admin_client.describe_topics(TopicCollection([topic]), include_authorized_operations=True)
+        return set(cluster.authorized_operations), set(topics[topic].result(30).authorized_operations)
+
+    cluster, on_topic = operations(alice)
+    assert cluster == {AclOperation.IDEMPOTENT_WRITE}
+    # READ implies DESCRIBE, as it does for the authorizer's decisions.
+    assert on_topic == {AclOperation.READ, AclOperation.DESCRIBE}
+    cluster, on_topic = operations(admin)
+    assert cluster == {AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
+                       AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE}
+    assert on_topic == {AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE,
+                        AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS,
+                        AclOperation.ALTER_CONFIGS}

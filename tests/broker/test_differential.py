@@ -272,6 +272,21 @@ def incremental_config_changes_as_clients_make_them(bootstrap: str) -> Observati
     }
 
 
+def authorized_operations_without_an_authorizer(bootstrap: str) -> Observation:
+    """KIP-430 through describe_cluster and describe_topics: with no authorizer, every operation Kafka defines on
+    the resource."""
+    from confluent_kafka import TopicCollection
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = create_topic(bootstrap, _name("operations"), 1)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(30)
+    described = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True)[topic].result(30)
+    plain = admin.describe_cluster().result(30)
+    return {"cluster": sorted(str(op) for op in cluster.authorized_operations or []),
+            "topic": sorted(str(op) for op in described.authorized_operations or []),
+            "not asked": plain.authorized_operations}
+
+
 def a_record_too_large_for_the_topic(bootstrap: str) -> Observation:
     topic = _name("large")
     create_topic(bootstrap, topic, config={"max.message.bytes": "2000"})
@@ -382,7 +397,8 @@ def scram_credentials_through_the_admin_api(bootstrap: str) -> Observation:
 SCENARIOS = [transactions_with_aborts, open_transaction_holds_the_last_stable_offset, a_fenced_producer_cannot_commit,
              transactional_group_offsets_wait_for_the_commit, offsets_by_timestamp, admin_configs_and_errors,
              a_record_too_large_for_the_topic, topics_that_recompress,
-             scram_credentials_through_the_admin_api, incremental_config_changes_as_clients_make_them]
+             scram_credentials_through_the_admin_api, incremental_config_changes_as_clients_make_them,
+             authorized_operations_without_an_authorizer]
 
 
 @pytest.mark.parametrize("version", apache_kafka.tested_versions())

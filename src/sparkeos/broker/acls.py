@@ -40,6 +40,12 @@ OPERATIONS = range(ALL, DESCRIBE_TOKENS + 1)
 DENY, ALLOW = 2, 3
 CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
+# The operations Kafka defines on each resource type: what a principal may do is reported among them (KIP-430).
+SUPPORTED_OPERATIONS = {
+    TOPIC: (READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS),
+    GROUP: (READ, DELETE, DESCRIBE),
+    CLUSTER: (CREATE, ALTER, DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE),
+}
 # An operation and the operations whose ALLOW implies it.
 IMPLIED_BY = {DESCRIBE: (READ, WRITE, DELETE, ALTER), DESCRIBE_CONFIGS: (ALTER_CONFIGS,)}
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .acls import Authorizer
+from .acls import SUPPORTED_OPERATIONS, Authorizer
 from .coordinator.groups import GroupCoordinator
 from .coordinator.producer_ids import ProducerIdManager
 from .coordinator.transactions import ONGOING, TransactionCoordinator, TransactionSettings
@@ -134,6 +134,11 @@ class Broker:
     def allowed(self, context, operation: int, resource_type: int, name: str) -> bool:
         """Whether the request's principal may do `operation` to the resource (always, with the authorizer off)."""
         return self.authorizer.authorize(context.auth.principal, context.host, operation, resource_type, name)
+
+    def authorized_operations(self, context, resource_type: int, name: str) -> set[int]:
+        """The operations Kafka defines on the resource that the request's principal may do (every one, with the
+        authorizer off), as the responses that report them carry them (a set of bit positions)."""
+        return {op for op in SUPPORTED_OPERATIONS[resource_type] if self.allowed(context, op, resource_type, name)}
 
     # -- topics ------------------------------------------------------------------------------
 

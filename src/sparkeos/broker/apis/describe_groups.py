@@ -16,11 +16,6 @@ from ..errors import GROUP_AUTHORIZATION_FAILED
 Group_ = DescribeGroupsResponse.DescribedGroup
 Member_ = Group_.DescribedGroupMember
 
-# The codec takes the set bit positions; None encodes INT32_MIN ("not requested").
-# Without ACLs every operation Kafka defines on a group is allowed: READ, DELETE, DESCRIBE.
-GROUP_OPERATIONS = {3, 6, 8}
-
-
 @api(DescribeGroupsRequest, DescribeGroupsResponse, 0, 5)
 async def handle_describe_groups(broker, context, request):
     include_operations = context.version >= 3 and request.include_authorized_operations
@@ -43,7 +38,8 @@ async def handle_describe_groups(broker, context, request):
                         client_host=m.client_host, member_metadata=m.metadata, member_assignment=m.assignment)
                 for m in summary.members
             ],
-            authorized_operations={op for op in GROUP_OPERATIONS if broker.allowed(context, op, GROUP, group_id)}
-            if include_operations else None,
+            # The codec takes the set bit positions; None encodes INT32_MIN ("not requested").
+            authorized_operations=broker.authorized_operations(context, GROUP, group_id) if include_operations
+            else None,
         ))
     return DescribeGroupsResponse(throttle_time_ms=0, groups=groups)

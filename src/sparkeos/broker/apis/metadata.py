@@ -1,8 +1,9 @@
 """Metadata (3): one broker, every partition led by it; unknown topics auto-created if allowed.
 
+Authorized operations (KIP-430) are reported when asked: a topic's from v8 on, the cluster's in v8-v10 (from
+v11 on, DescribeCluster reports them).
+
 Leaves out:
-- ACLs: authorized operations (`include_topic_authorized_operations` and, v8-v10,
-  `include_cluster_authorized_operations`) are never reported;
 - racks: the broker's rack is null.
 """
 
@@ -22,7 +23,7 @@ Topic_ = MetadataResponse.MetadataResponseTopic
 Partition_ = Topic_.MetadataResponsePartition
 
 
-def _describe(topic: Topic) -> Topic_:
+def _describe(topic: Topic, operations: set[int] | None) -> Topic_:
     return Topic_(
         error_code=0,
         name=topic.name,
@@ -40,15 +41,20 @@ def _describe(topic: Topic) -> Topic_:
             )
             for i in range(len(topic.partitions))
         ],
+        authorized_operations=operations,
     )
 
 
 @api(MetadataRequest, MetadataResponse, 0, 12)
 async def handle_metadata(broker, context, request):
+    def described(topic: Topic) -> Topic_:
+        asked = context.version >= 8 and request.include_topic_authorized_operations
+        return _describe(topic, broker.authorized_operations(context, TOPIC, topic.name) if asked else None)
+
     topics: list[Topic_] = []
     if request.topics is None or (context.version == 0 and not request.topics):
         # Every topic the principal may describe, as Kafka lists them.
-        topics = [_describe(t) for t in broker.store.topics.values()
+        topics = [described(t) for t in broker.store.topics.values()
                   if broker.allowed(context, DESCRIBE, TOPIC, t.name)]
     else:
         # v4+ lets the client ask not to auto-create; before v4 Kafka always allowed it.
@@ -75,7 +81,7 @@ async def handle_metadata(broker, context, request):
                 topics.append(Topic_(error_code=TOPIC_AUTHORIZATION_FAILED if denied else UNKNOWN_TOPIC_OR_PARTITION,
                                      name=name, partitions=[]))
             else:
-                topics.append(_describe(topic))
+                topics.append(described(topic))
     return MetadataResponse(
         throttle_time_ms=0,
         brokers=[Broker_(node_id=NODE_ID, host=context.listener.address[0], port=context.listener.address[1],
@@ -83,4 +89,6 @@ async def handle_metadata(broker, context, request):
         cluster_id=CLUSTER_ID,
         controller_id=NODE_ID,
         topics=topics,
+        authorized_operations=broker.authorized_operations(context, CLUSTER, CLUSTER_NAME)
+        if 8 <= context.version <= 10 and request.include_cluster_authorized_operations else None,
     )
