@@ -384,6 +384,36 @@ def test_a_jobs_kafka_section_is_left_out_against_the_runs_own_broker_and_pointe
         assert copy.get("kafka") == section
 
 
+def test_an_avro_jobs_registry_secrets_are_needed_only_where_the_run_uses_its_registry(tmp_path, monkeypatch):
+    """The run registers the input's schemas with a registry of its own unless it uses the job's endpoints: the
+    variables the job's own registry settings name need not be set then."""
+    monkeypatch.delenv("SPARKEOS_TEST_UNSET_PASSWORD", raising=False)
+    document = yaml.safe_load((EXAMPLES / "people-etl.yaml").read_text())
+    document["format"]["schema"] = (EXAMPLES / document["format"]["schema"]).read_text()
+    document["format"]["registry"] = {"url": "https://registry:8081",
+                                      "basic.auth.user.info": "etl:${SPARKEOS_TEST_UNSET_PASSWORD}"}
+    job = tmp_path / "avro.yaml"
+    job.write_text(yaml.safe_dump(document))
+    assert load_for_run(job, own_kafka=True).format.registry is not None
+    assert load_for_run(job, own_kafka=False).format.registry is not None
+    with pytest.raises(JobError, match="SPARKEOS_TEST_UNSET_PASSWORD, which is not set"):
+        load_for_run(job, own_kafka=False, job_endpoints=True)
+
+
+def test_the_demos_job_file_holds_no_secret_of_the_settings_it_was_given(monkeypatch):
+    from sparkeos.demo import kafka_section
+
+    given = {"security.protocol": "SASL_SSL", "sasl.username": "etl", "sasl.password": "pw-1",
+             "ssl.key.pem": "-----BEGIN PRIVATE KEY-----", "sasl.oauthbearer.config": "token=t0k3n"}
+    for key in given:
+        monkeypatch.delenv("SPARKEOS_DEMO_" + key.upper().replace(".", "_"), raising=False)
+    section = kafka_section(given)
+    assert section["security.protocol"] == "SASL_SSL" and section["sasl.username"] == "etl"
+    hidden = {key: value for key, value in section.items() if key not in ("security.protocol", "sasl.username")}
+    assert hidden == {key: "${SPARKEOS_DEMO_" + key.upper().replace(".", "_") + "}" for key in hidden}
+    assert {key: os.environ[value[2:-1]] for key, value in hidden.items()} == {key: given[key] for key in hidden}
+
+
 def test_a_target_of_the_runs_own_is_beside_the_jobs():
     """Each sink's data source says where: a table in the same schema (quoted, the job's case kept), a directory in
     the same parent, bucket or file system; nowhere when the job's names no place."""

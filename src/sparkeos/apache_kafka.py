@@ -111,9 +111,14 @@ class SaslSsl:
 
     keystore: Path  # PEM: the nodes' private key (PKCS#8, unencrypted), then its certificate chain
     ca: Path  # PEM: the authority that signed it, which clients trust
-    users: Mapping[str, str]  # user name -> password
+    users: Mapping[str, str] = field(repr=False)  # user name -> password
     super_users: tuple[str, ...] = ()
     mechanism: str = "SCRAM-SHA-512"
+
+    def __post_init__(self) -> None:
+        strangers = [user for user in self.super_users if user not in self.users]
+        if strangers:
+            raise ValueError(f"super user {strangers[0]!r} is not among the users, who are made at format time")
 
     def client_config(self, bootstrap_servers: str, user: str) -> dict[str, str]:
         """librdkafka's settings to connect as `user`."""
@@ -133,8 +138,9 @@ class SaslSsl:
         }
 
     def format_arguments(self) -> list[str]:
+        # Quoted: a password may hold the format's separators (`,`, `]`).
         return [argument for user, password in self.users.items()
-                for argument in ("--add-scram", f"{self.mechanism}=[name={user},password={password}]")]
+                for argument in ("--add-scram", f'{self.mechanism}=[name={user},password="{password}"]')]
 
 
 @dataclass
@@ -394,7 +400,12 @@ class ApacheKafkaCluster:
             command += ["--feature", f"{name}={level}"]
         if self.sasl_ssl is not None:
             command += self.sasl_ssl.format_arguments()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # Not the command itself in the message: it holds the users' passwords.
+            raise KafkaStartFailed(f"formatting node {node.node_id} of {self} took over {START_TIMEOUT_S:.0f} s") \
+                from None
         (node.directory / "format.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise KafkaStartFailed(f"formatting node {node.node_id} of {self} failed:\n{done.stdout}\n{done.stderr}")

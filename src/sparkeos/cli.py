@@ -349,7 +349,8 @@ def run_chaos(args: argparse.Namespace) -> int:
                 raise FaultError(f"--kafka-version: Apache Kafka 3.x and 4.x only (got {args.kafka_version!r})")
         from .chaos.sandbox import check_runnable, load_for_run
 
-        spec = load_for_run(args.job, own_kafka=not (args.bootstrap_server or args.use_job_endpoints))
+        spec = load_for_run(args.job, own_kafka=not (args.bootstrap_server or args.use_job_endpoints),
+                            job_endpoints=args.use_job_endpoints)
         faults = parse_faults(args.faults, spec, args.master, kafka_named=bool(args.bootstrap_server),
                               job_endpoints=args.use_job_endpoints)
         check_runnable(spec)

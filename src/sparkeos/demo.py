@@ -42,7 +42,7 @@ from rich.table import Table
 
 from .chaos.input import produce_with_retry
 from .jobs.quiet import librdkafka_log_level
-from .registry.client import Registry
+from .registry.client import Registry, RegistrySettings
 from .stack import StackProcess
 from .verify import ReadTimeout, count_records
 
@@ -136,7 +136,7 @@ def corrupt_records(schema_id: int) -> list[bytes]:
     ]
 
 
-def produce_people(bootstrap: str, registry: Registry | str, count: int, seed: int, late_sentinel: bool,
+def produce_people(bootstrap: str, registry: RegistrySettings, count: int, seed: int, late_sentinel: bool,
                    topic: str = DEFAULT_TOPICS.input, kafka_config: Mapping[str, str] | None = None) -> Generated:
     """The seed's input: `count` People records, a few corrupt ones among them. `kafka_config`: librdkafka settings
     besides the bootstrap servers (a secured cluster's)."""
@@ -261,13 +261,19 @@ def job_document(bootstrap: str, registry_url: str, checkpoint: Path, event_time
     }
 
 
+# Settings whose values are no secret: written into the demo's job file as they are. Any other value could be one
+# (a password, a key, a token, a JAAS or OAUTHBEARER configuration) and is not.
+PLAIN_SETTINGS = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username", "ssl.ca.location",
+                  "ssl.endpoint.identification.algorithm", "enable.ssl.certificate.verification", "client.id")
+
+
 def kafka_section(kafka_config: Mapping[str, str]) -> dict[str, str]:
-    """The job file's `kafka:` section for the settings the demo was given. A secret (a setting whose name says
-    password or secret) is not written into the file: it names an environment variable of this process, which the
-    job's driver inherits."""
+    """The job file's `kafka:` section for the settings the demo was given. Only settings known to hold no secret
+    are written into the file; each other one names an environment variable of this process, which the job's
+    driver inherits."""
     section = {}
     for key, value in kafka_config.items():
-        if "password" in key or "secret" in key:
+        if key not in PLAIN_SETTINGS:
             variable = "SPARKEOS_DEMO_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
             os.environ[variable] = value
             value = "${" + variable + "}"
@@ -412,7 +418,8 @@ class Watch:
                  kafka_config: Mapping[str, str] | None = None):
         self.bootstrap, self.names, self.generated = bootstrap, names, generated
         self.kafka_config = kafka_config
-        self.last_nudge, self.nudges = 0.0, 0
+        self.last_nudge = 0.0
+        self.nudge_errors: list[str] = []
         self.counts: tuple[int, int] | None = None
         self.last_change = time.monotonic()
         self.stalled = False
@@ -426,8 +433,11 @@ class Watch:
         sentinel = self.generated.sentinel
         if sentinel is not None and counts[0] < self.generated.valid and now - self.last_change > NUDGE_S and \
                 now - self.last_nudge > NUDGE_S:
-            nudge(self.bootstrap, self.names.input, sentinel, self.kafka_config)
-            self.last_nudge, self.nudges = now, self.nudges + 1
+            self.last_nudge = now
+            try:
+                nudge(self.bootstrap, self.names.input, sentinel, self.kafka_config)
+            except (KafkaException, RuntimeError) as error:  # the cluster away for a moment: the next try may do
+                self.nudge_errors.append(str(error))
             return False
         self.stalled = now - self.last_change > STALL_S
         return (counts[0] >= self.generated.valid and counts[1] >= self.generated.corrupt) or self.stalled

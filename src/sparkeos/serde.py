@@ -25,7 +25,7 @@ import io
 import json
 import struct
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,14 +35,13 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .registry.client import Registry, RegistryRequestError
+from .registry.client import Registry, RegistryRequestError, RegistrySettings
 
 MAGIC_BYTE = 0
 HEADER = struct.Struct(">bI")
 MODES = ("FAILFAST", "PERMISSIVE")
 
 AvroSchema = str | dict | list
-RegistrySettings = str | Mapping[str, str] | Registry  # a URL, or Confluent's client settings
 
 
 class AvroDecodeError(ValueError):
@@ -184,9 +183,9 @@ def register_schema(registry: RegistrySettings, subject: str, schema: AvroSchema
 class ConfluentAvroDecoder:
     """Decodes Confluent-framed Avro values into dicts of the reader schema; one per worker and schema."""
 
-    def __init__(self, reader_schema: str, registry: Registry | None) -> None:
+    def __init__(self, reader_schema: str, registry: RegistrySettings | None) -> None:
         self.reader = _parse(reader_schema)
-        self.registry = registry
+        self.registry = Registry.of(registry) if registry is not None else None
         self._writers: dict[int, Any] = {}
 
     def decode(self, value: bytes) -> Any:
@@ -243,14 +242,15 @@ def _decoder(reader_schema: str, registry: Registry | None) -> ConfluentAvroDeco
 
 
 def decode_values(
-    values: pa.Array, reader_schema: str, registry: Registry | None, on_error: Callable[[bytes, AvroDecodeError], None]
+    values: pa.Array, reader_schema: str, registry: RegistrySettings | None,
+    on_error: Callable[[bytes, AvroDecodeError], None]
 ) -> tuple[list[Any], list[str | None]]:
     """Decode a binary Arrow array: (records, error messages), one of each per value.
 
     fastavro's values are what `pyarrow.array` takes for the matching Arrow type as they are
     (maps as dicts, timestamps as aware datetimes), so no per-record reshaping is needed.
     """
-    decoder = _decoder(reader_schema, registry)
+    decoder = _decoder(reader_schema, Registry.of(registry) if registry is not None else None)
     records: list[Any] = []
     errors: list[str | None] = []
     for value in values.to_pylist():

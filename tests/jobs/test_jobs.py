@@ -169,17 +169,20 @@ def test_the_kafka_section_reaches_the_source_and_the_sink_under_their_own_setti
     assert spec.bootstrap_servers == spec.sink.options["kafka.bootstrap.servers"] == "kafka-1:9093"
 
 
-def test_the_registry_takes_confluents_client_settings_with_variables(monkeypatch):
+def test_the_registry_takes_confluents_client_settings_with_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARKEOS_TEST_PASSWORD", "p4ss:w0rd")
     schema = '{"type": "string"}'
+    ca = tmp_path / "registry-ca.pem"
+    ca.write_text("a CA's certificate")
     document = job("127.0.0.1:9092", "in", "out", "/tmp/ck", format={"type": "avro", "schema": schema, "registry": {
         "url": "https://registry:8081/", "basic.auth.user.info": "etl:${SPARKEOS_TEST_PASSWORD}",
-        "ssl.ca.location": "/etc/registry-ca.pem"}})
-    registry = parse_job(document).format.registry
+        "ssl.ca.location": str(ca)}})
+    spec = parse_job(document)
+    registry = spec.format.registry
     assert registry is not None and registry.confluent_config() == {
-        "url": "https://registry:8081", "basic.auth.user.info": "etl:p4ss:w0rd",
-        "ssl.ca.location": "/etc/registry-ca.pem"}
+        "url": "https://registry:8081", "basic.auth.user.info": "etl:p4ss:w0rd", "ssl.ca.location": str(ca)}
     assert str(registry) == "https://registry:8081 (as etl)"
+    assert "p4ss" not in repr(spec)
     document["format"]["registry"] = "http://registry:8081"
     registry = parse_job(document).format.registry
     assert registry is not None and registry.confluent_config() == {"url": "http://registry:8081"}

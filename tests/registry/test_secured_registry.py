@@ -89,6 +89,12 @@ def test_wrong_credentials_and_an_unknown_authority_are_refused_naming_what_to_s
     ({"url": "http://r", "ssl.ca.location": "/ca.pem"}, "'ssl.ca.location' applies to an https URL"),
     ({"url": "http://r", "schema.registry.basic.auth.user.info": "a:b"},
      "unknown schema registry setting 'schema.registry.basic.auth.user.info'"),
+    ({"url": "https://u:secret@r", "basic.auth.user.info": "v:other"}, "credentials are given twice"),
+    ({"url": "https://r", "basic.auth.credentials.source": "URL", "basic.auth.user.info": "v:other"},
+     "'basic.auth.user.info' is not used with basic.auth.credentials.source URL"),
+    ({"url": "https://r", "ssl.ca.location": "/nonexistent/ca.pem"},
+     "'ssl.ca.location' names no file: /nonexistent/ca.pem"),
+    ({"url": "u:secret@registry:8081"}, r"must be an http\(s\) URL, got 'u@registry:8081'"),
 ])
 def test_registry_settings_are_checked_when_given(given: dict[str, str], error: str | None) -> None:
     if error is None:
@@ -96,6 +102,8 @@ def test_registry_settings_are_checked_when_given(given: dict[str, str], error: 
         assert (registry.url, registry.user_info, str(registry)) == ("https://registry", "u:secret",
                                                                     "https://registry (as u)")
         assert registry.confluent_config() == {"url": "https://registry", "basic.auth.user.info": "u:secret"}
+        assert "secret" not in repr(registry)
         return
-    with pytest.raises(ValueError, match=error):
+    with pytest.raises(ValueError, match=error) as refused:
         Registry.of(given)
+    assert "secret" not in str(refused.value)

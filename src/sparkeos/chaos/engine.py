@@ -39,7 +39,7 @@ from confluent_kafka import KafkaException, Producer
 from .. import failpoints
 from ..jobs.audit import AuditReport, audit_in_this_process
 from ..jobs.runner import Supervisor
-from ..jobs.spec import JobSpec
+from ..jobs.spec import JobSpec, load_job
 from ..lag import CheckpointFiles, LagCluster, LagError, checkpoint_report
 from ..spark import sink_data_source
 from ..verify import read_values
@@ -63,7 +63,7 @@ from .input import (
 )
 from .network import DATABASE_FAULTS, SINK_FAULTS, SOURCE_AND_DRIVER_FAULTS, FaultInjector
 from .report import ChaosReport, Event, Sample
-from .sandbox import Sandbox, load_for_run, start_sandbox
+from .sandbox import Sandbox, start_sandbox
 from .watcher import OutputWatcher
 
 TICK_S = 0.1
@@ -263,10 +263,10 @@ class ChaosRun:
             pool.shutdown(wait=False)  # its one task runs on
         sandbox = watcher = None
         try:
-            # Read before anything starts: the cluster the job names may not answer.
-            job = load_for_run(self.job_file, own_kafka=not (self.settings.bootstrap_server
-                                                             or self.settings.job_endpoints))
-            samples = read_sample(job, self.settings.sample_input) if self.settings.sample_input else None
+            # Read before anything starts: the cluster the job names may not answer. The job as its file says: its
+            # own cluster, with its settings, and its own registry, which the samples' schema ids are of.
+            job = load_job(self.job_file) if self.settings.sample_input else None
+            samples = read_sample(job, self.settings.sample_input) if job is not None else None
             if self.prepared is not None:
                 sandbox = self.prepared.sandbox
             else:
@@ -307,9 +307,10 @@ class ChaosRun:
         self.report.seconds = self.elapsed()
         return self.report
 
-    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None, job: JobSpec,
+    def _drive(self, sandbox: Sandbox, master: str, cluster: StandaloneCluster | None, job: JobSpec | None,
                samples: list[tuple[bytes | None, bytes | None]] | None) -> Supervisor:
-        """`job` as its file says (its own endpoints), `samples` the records read from its input, if any."""
+        """`job` as its file says (its own endpoints) and `samples` the records read from its input, with
+        --sample-input."""
         settings = self.settings
         checkpoint = self.workdir / "checkpoint"
         registry = sandbox.registry
@@ -317,7 +318,7 @@ class ChaosRun:
         if prepared is not None:
             generator = RecordedInput(prepared.records, prepared.corrupt)
             self.report.sandbox["input"] = f"{prepared.records} records produced before the run"
-        elif samples is None:
+        elif samples is None or job is None:
             generator = InputGenerator(sandbox.spec, settings.seed, registry, sandbox.topics.input)
             self.report.sandbox["input"] = f"generated from the job's format, seed {settings.seed}"
         else:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaException, Producer
 
 from ..jobs.spec import JobSpec
-from ..registry.client import Registry
+from ..registry.client import Registry, RegistrySettings
 
 T = TypeVar("T")
 # The run's own clients say nothing: their complaints of a broker the run killed are expected, and what matters shows
@@ -141,7 +141,7 @@ def _avro_value(values: Values, schema: Any, name: str = "") -> Any:
 class InputGenerator:
     """`batch(count)` gives the next `count` record values of the job's format."""
 
-    def __init__(self, spec: JobSpec, seed: int, registry: Registry | str | None, topic: str):
+    def __init__(self, spec: JobSpec, seed: int, registry: RegistrySettings | None, topic: str):
         self.values = Values(seed)
         self.with_corrupt = spec.bad_records.policy in ("skip", "dead-letter")
         self.produced = 0

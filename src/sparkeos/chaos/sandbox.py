@@ -131,10 +131,25 @@ def check_runnable(spec: JobSpec) -> str:
     return subscribe
 
 
-def load_for_run(job_file: Path | str, own_kafka: bool) -> JobSpec:
+# Stands for an Avro job's registry in a run that registers the input's schemas with a registry of its own.
+RUNS_OWN_REGISTRY = "http://the-runs-own-registry"
+
+
+def load_for_run(job_file: Path | str, own_kafka: bool, job_endpoints: bool = False) -> JobSpec:
     """The job as a run reads it. Its `kafka:` settings are for its own cluster (its security, secrets from the
-    environment): against the run's own broker, which is open, they are left out."""
-    return load_job(job_file, {"kafka": None} if own_kafka else None)
+    environment): against the run's own broker, which is open, they are left out. Its `format.registry` is its own
+    registry's, with its secrets: unless the run uses the job's endpoints, the run's registry stands in for it, and
+    the variables it names need not be set."""
+    overrides: dict = {"kafka": None} if own_kafka else {}
+    if not job_endpoints:
+        try:
+            document = yaml.safe_load(Path(job_file).read_text())
+        except (OSError, yaml.YAMLError):
+            document = None  # load_job says what is wrong with the file
+        fmt = document.get("format") if isinstance(document, dict) else None
+        if isinstance(fmt, dict) and fmt.get("registry") is not None:
+            overrides["format"] = {**fmt, "registry": RUNS_OWN_REGISTRY}
+    return load_job(job_file, overrides or None)
 
 
 def kafka_section_for_run(document: dict, bootstrap: str, own_kafka: bool) -> None:
@@ -154,7 +169,7 @@ def start_sandbox(job_file: Path, workdir: Path, partitions: int, faults: dict[s
     faults among `faults` need go in front of the broker and PostgreSQL. `named_kafka`: the bootstrap servers of a
     Kafka to run against in place of the embedded broker; `kafka_version`: the Apache Kafka version of a node to
     start in its place; `job_endpoints`: the endpoints the job file names, in place of all of the sandbox's."""
-    spec = load_for_run(job_file, own_kafka=not (named_kafka or job_endpoints))
+    spec = load_for_run(job_file, own_kafka=not (named_kafka or job_endpoints), job_endpoints=job_endpoints)
     input_topic = check_runnable(spec)
     document = yaml.safe_load(Path(job_file).read_text())
     if job_endpoints:

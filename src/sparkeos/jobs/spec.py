@@ -162,7 +162,8 @@ class JobSpec:
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka's connection and security settings of the job's source (its `kafka:` section's, under its own
         kafka.* options), bootstrap servers included: what another client of the job's Kafka connects with."""
-        client = {key[len("kafka."):]: value for key, value in self.source.items() if key.lower().startswith("kafka.")}
+        client = {key[len("kafka."):].lower(): value for key, value in self.source.items()
+                  if key.lower().startswith("kafka.")}
         return connection_config(client)
 
 
@@ -369,7 +370,8 @@ def _parse_format(fields: _Fields, value: Any, base: Path | None) -> FormatSpec:
     spec = fields.mapping(value, "format", {"type", "schema", "registry"})
     kind = fields.choice(spec.get("type"), "format.type", FORMATS, "string")
     schema = fields.text(spec.get("schema"), "format.schema")
-    registry = _parse_registry(fields, spec.get("registry") or None) if kind == "avro" else spec.get("registry")
+    registry = (_parse_registry(fields, spec.get("registry") or None) if kind == "avro"
+                else fields.text(spec.get("registry"), "format.registry"))
     if kind == "string":
         if schema or registry:
             raise fields.fail("format", "type string takes no schema or registry")

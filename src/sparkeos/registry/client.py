@@ -3,9 +3,9 @@
 A registry is named by its URL (`http://registry:8081`) or by a mapping of Confluent's client settings, the names
 confluent-kafka's `SchemaRegistryClient` takes (and the Java serdes' `basic.auth.credentials.source`):
 
-- `url` (required): `http://` or `https://`; credentials in it (`https://user:password@host`) are used unless
-  `basic.auth.user.info` is given;
-- `basic.auth.user.info`: `user:password`;
+- `url` (required): `http://` or `https://`; credentials in it (`https://user:password@host`) are used;
+- `basic.auth.user.info`: `user:password`, in place of credentials in the URL (both is an error, as
+  confluent-kafka's client says);
 - `basic.auth.credentials.source`: `URL` or `USER_INFO`, as the Java serdes take it (by default `USER_INFO` when
   `basic.auth.user.info` is given, else `URL`);
 - `ssl.ca.location`: a PEM file of the authorities a `https://` registry's certificate is checked against (the
@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -46,7 +48,7 @@ class Registry:
     """A schema registry and how to reach it; hashable, so that workers can key their caches by it."""
 
     url: str  # without credentials
-    user_info: str | None = None  # "user:password"
+    user_info: str | None = field(default=None, repr=False)  # "user:password"
     ca_location: str | None = None
 
     @classmethod
@@ -58,7 +60,7 @@ class Registry:
         if isinstance(registry, str):
             settings = {"url": registry}
         elif isinstance(registry, Mapping):
-            settings = {str(key): str(value) for key, value in registry.items()}
+            settings = {str(key): str(value) for key, value in registry.items() if value is not None}
         else:
             raise ValueError("a schema registry is a URL or a mapping of client settings, not "
                              f"{type(registry).__name__}")
@@ -76,6 +78,12 @@ class Registry:
                              f"{', '.join(CREDENTIALS_SOURCES)}, got {source!r}")
         in_url = (f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
                   if parts.username is not None else None)
+        if in_url is not None and "basic.auth.user.info" in settings:
+            raise ValueError("schema registry credentials are given twice, in 'url' and in 'basic.auth.user.info': "
+                             "give one of them")
+        if source == "URL" and "basic.auth.user.info" in settings:
+            raise ValueError("schema registry setting 'basic.auth.user.info' is not used with "
+                             "basic.auth.credentials.source URL: set USER_INFO, or leave the source out")
         user_info = settings.get("basic.auth.user.info") if source == "USER_INFO" else in_url
         if source == "USER_INFO" and not user_info:
             raise ValueError("schema registry setting 'basic.auth.user.info' (user:password) is required with "
@@ -86,6 +94,8 @@ class Registry:
         if ca and parts.scheme != "https":
             raise ValueError("schema registry setting 'ssl.ca.location' applies to an https URL, not "
                              f"{without_password(url)}")
+        if ca and not Path(ca).is_file():
+            raise ValueError(f"schema registry setting 'ssl.ca.location' names no file: {ca}")
         bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
         return cls(bare, user_info or None, ca or None)
 
@@ -120,8 +130,8 @@ class Registry:
         if self.user_info:
             token = base64.b64encode(self.user_info.encode()).decode()
             request.add_header("Authorization", f"Basic {token}")
-        context = ssl.create_default_context(cafile=self.ca_location) if self.url.startswith("https") else None
         try:
+            context = ssl.create_default_context(cafile=self.ca_location) if self.url.startswith("https") else None
             with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
@@ -138,12 +148,15 @@ class Registry:
                     if isinstance(reason, ssl.SSLCertVerificationError) else "")
             raise RegistryRequestError(f"schema registry {self} could not be reached for {path}: {reason}{hint}") \
                 from None
+        except (OSError, ValueError) as exc:  # a timeout while reading, a CA file that is not PEM, not JSON
+            raise RegistryRequestError(f"schema registry {self} failed {path}: {type(exc).__name__}: {exc}") \
+                from None
 
 
 def without_password(url: str) -> str:
-    """A URL as a log or a report may show it: without the password of its user part."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}@{host}"))
+    """A URL as a log or a report may show it: without the password of its user part, even in a URL that is not
+    one (`user:password@host`, a scheme missing)."""
+    return re.sub(r"([^/@:]*):[^/@]*@", r"\1@", url, count=1)
+
+
+RegistrySettings = str | Mapping[str, str] | Registry  # a URL, or Confluent's client settings

@@ -79,7 +79,7 @@ class SchemaRegistryServer:
     def start(self) -> SchemaRegistryServer:
         """Replay the `_schemas` topic, then accept requests."""
         self.store.open()
-        self._http = ThreadingHTTPServer((self.host, self.port), _handler_class(_Api(self.store), self.users))
+        self._http = _Server((self.host, self.port), _handler_class(_Api(self.store), self.users))
         self._http.daemon_threads = True
         if self._tls is not None:
             # The handshake happens in each request's thread, on its first read, not in the accepting one.
@@ -256,6 +256,13 @@ def _schema_id(text: str) -> int:
         raise errors.schema_not_found(f"Schema {text} not found") from None
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A client that left, or spoke plain HTTP to HTTPS, or never finished its handshake: its connection ends,
+        # without the traceback the standard library prints.
+        log.debug("schema registry connection from %s failed", client_address, exc_info=True)
+
+
 def _authorized(header: str | None, users: Mapping[str, str]) -> bool:
     scheme, _, token = (header or "").partition(" ")
     if scheme.lower() != "basic":
@@ -274,6 +281,7 @@ def _handler_class(api: _Api, users: Mapping[str, str]) -> type[BaseHTTPRequestH
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "sparkeos-schema-registry"
+        timeout = 60  # seconds a connection may stay silent, in its TLS handshake or between requests
 
         def do_GET(self) -> None:
             self._serve("GET")

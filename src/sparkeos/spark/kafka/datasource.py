@@ -21,7 +21,7 @@ from .source.schema import source_schema
 
 def _connection(options: dict[str, str]) -> dict[str, str]:
     """The connection and security settings among a sink's kafka.* options, for the readers of what it wrote."""
-    client = {key[len("kafka."):]: value for key, value in options.items() if key.lower().startswith("kafka.")}
+    client = {key[len("kafka."):].lower(): value for key, value in options.items() if key.lower().startswith("kafka.")}
     return {key: value for key, value in connection_config(client).items() if key != "bootstrap.servers"}
 
 

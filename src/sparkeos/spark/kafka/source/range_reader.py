@@ -108,7 +108,10 @@ def read_range(options: SourceOptions, task: InputPartition) -> Iterator[pa.Reco
         try:
             yield from _read_assigned(consumer, options, task)
         except KafkaException as failure:
-            raise _named(failure, task, str(config.get("group.id"))) from None
+            named = _named(failure, task, str(config.get("group.id")))
+            if named is failure:
+                raise
+            raise named from None
 
 
 def _read_assigned(consumer: Consumer, options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
