@@ -188,6 +188,16 @@ class Driver:
 # --- kill moments -------------------------------------------------------------------------------
 
 
+def wait_for_a_new_batch(driver: Driver, checkpoint: Path, cycle: int) -> None:
+    """Until the driver, just started, committed a batch the last driver did not plan: the replay of a batch the last
+    one left in flight adds nothing to the output once its transactions had committed, and the output is to grow
+    between kills."""
+    known = max(len(committed_batches(checkpoint)), len(planned_batches(checkpoint)))
+    driver.wait_running(STARTUP_TIMEOUT_S)
+    wait_for(lambda: len(committed_batches(checkpoint)) > known or not driver.alive(),
+             timeout_s=STARTUP_TIMEOUT_S, interval_s=0.05, what=f"driver {cycle} to commit a new batch")
+
+
 def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random) -> str:
     """Let the driver run until a random moment to kill it at; say which kind of moment it was."""
     if cycle % 5 in (2, 4):
@@ -199,14 +209,7 @@ def wait_for_kill_moment(driver: Driver, checkpoint: Path, cycle: int, rng: rand
     # start batch 0 once its offset log holds anything, even the empty temp file of a driver killed while
     # writing the first entry). Then a random delay, which lands in the next batch's planning, its tasks, their
     # transactions' commits or Spark's commit log entry.
-    committed = len(committed_batches(checkpoint))
-    driver.wait_running(STARTUP_TIMEOUT_S)
-    wait_for(
-        lambda: len(committed_batches(checkpoint)) > committed or not driver.alive(),
-        timeout_s=STARTUP_TIMEOUT_S,
-        interval_s=0.05,
-        what=f"driver {cycle} to commit a batch",
-    )
+    wait_for_a_new_batch(driver, checkpoint, cycle)
     time.sleep(rng.uniform(0, 3))
     if batch_in_flight(checkpoint) is None:
         # The query caught up with the input and waits for more: 2 of 6 such kills were mid-batch in one run on a

@@ -26,7 +26,6 @@ from pathlib import Path
 from sparkeos import failpoints
 from sparkeos.verify import assert_exactly_once
 from support.crash import (
-    STARTUP_TIMEOUT_S,
     Driver,
     InputFeeder,
     batch_in_flight,
@@ -34,10 +33,11 @@ from support.crash import (
     job_output,
     planned_batches,
     run_until_caught_up,
+    wait_for_a_new_batch,
     wait_for_kill_moment,
 )
 from support.pipeline_job import RUNNING_PREFIX, STOPPED_LINE
-from support.spark import FAILPOINT_DIR, create_topic, unique, wait_for
+from support.spark import FAILPOINT_DIR, create_topic, unique
 
 # Driver kills per drill. Each sink's example job also runs under sparkeos chaos (tests/test_chaos.py) with driver
 # kills at random and mid-commit, task kills, aborted input and a reader watching its output; the Kafka sink is
@@ -163,12 +163,7 @@ def query_id(driver: Driver) -> str | None:
 
 
 def kill_aimed(driver: Driver, checkpoint: Path, cycle: int, rng: random.Random, aimed: AimedKill) -> str:
-    # A batch the last driver did not plan: the replay of one it left adds nothing to the output once its decision
-    # was finished, and the output is to grow between kills.
-    known = max(len(committed_batches(checkpoint)), len(planned_batches(checkpoint)))
-    driver.wait_running(STARTUP_TIMEOUT_S)
-    wait_for(lambda: len(committed_batches(checkpoint)) > known or not driver.alive(),
-             timeout_s=STARTUP_TIMEOUT_S, interval_s=0.05, what=f"driver {cycle} to commit a new batch")
+    wait_for_a_new_batch(driver, checkpoint, cycle)
     if aimed.hold_at is not None:
         held = failpoints.arm_hold(FAILPOINT_DIR, aimed.hold_at)
         try:
