@@ -38,6 +38,9 @@ def spark_session(master: str = "local[2]"):
             "spark.sql.streaming.stopTimeout": "30s",
             "spark.driver.memory": "1g",
             "spark.python.worker.reuse": "true",
+            # How long the JVM waits for this process to connect to the socket a collect() answers on: on a loaded
+            # machine the default 15 s ran out, and the connection was reset (CANNOT_OPEN_SOCKET).
+            "spark.python.authenticate.socketTimeout": "120s",
             # Every test stops its broker, and a client of a stopped broker retries its connection every
             # ~50 ms: the long-lived Python workers must not keep hundreds of them (Spark's default 5m/10m).
             "spark.kafka.consumer.cache.timeout": f"{CLIENT_CACHE_TIMEOUT_S}s",
