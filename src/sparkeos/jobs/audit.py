@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ..spark.files.options import parse_file_sink_options
-from ..spark.kafka.cluster import connection_config
+from ..spark.kafka.cluster import options_connection_config
 from ..spark.postgres.options import parse_postgres_sink_options
 from .pipeline import EVENT_TIME, JobFrames, build, kafka_rows
 from .quiet import with_kafka_log_level
@@ -75,8 +75,7 @@ def read_topic_values(spark: SparkSession, bootstrap: str, topic: str, spec: Job
     the group of its source (a reader's consumer looks up its group's coordinator, which the cluster's ACLs may
     allow for the job's group only)."""
     writer_options = spec.sink.options if spec is not None else {}
-    client = {key[len("kafka."):]: value for key, value in writer_options.items() if key.lower().startswith("kafka.")}
-    options = {f"kafka.{key}": value for key, value in connection_config(client).items()}
+    options = {f"kafka.{key}": value for key, value in options_connection_config(writer_options).items()}
     if spec is not None:
         options.update({key: value for key, value in spec.source.items()
                         if key.lower() in ("groupidprefix", "kafka.group.id")})

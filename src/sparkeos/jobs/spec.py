@@ -58,7 +58,7 @@ import yaml
 
 from ..registry.client import Registry, without_password
 from ..spark.files.options import FileSinkOptionError, parse_file_sink_options
-from ..spark.kafka.cluster import connection_config
+from ..spark.kafka.cluster import options_connection_config
 from ..spark.kafka.options import parse_sink_options, parse_source_options
 from ..spark.options import OptionError, duration_s
 from ..spark.postgres.options import parse_postgres_sink_options
@@ -162,9 +162,7 @@ class JobSpec:
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka's connection and security settings of the job's source (its `kafka:` section's, under its own
         kafka.* options), bootstrap servers included: what another client of the job's Kafka connects with."""
-        client = {key[len("kafka."):].lower(): value for key, value in self.source.items()
-                  if key.lower().startswith("kafka.")}
-        return connection_config(client)
+        return options_connection_config(self.source)
 
 
 def seconds_text(seconds: float) -> str:

@@ -146,6 +146,12 @@ def connection_config(config: dict[str, str]) -> dict[str, str]:
     return {key: value for key, value in config.items() if key.startswith(allowed_prefixes)}
 
 
+def options_connection_config(options: dict[str, str]) -> dict[str, str]:
+    """The connection and security settings among a source's or sink's kafka.* options, by librdkafka's names."""
+    return connection_config({key[len("kafka."):].lower(): value for key, value in options.items()
+                              if key.lower().startswith("kafka.")})
+
+
 class KafkaCluster:
     def __init__(self, config: dict[str, str], timeout_s: float = DEFAULT_TIMEOUT_S):
         self.bootstrap_servers = config["bootstrap.servers"]

@@ -11,7 +11,7 @@ from ..checkpoint_target import claim_checkpoint
 from ..gc_pause import freeze_planner_worker_once
 from ..options import batch_write_id
 from ..source_runner import quiet_when_spark_hangs_up
-from .cluster import connection_config
+from .cluster import options_connection_config
 from .options import check_source_options, parse_sink_options, parse_source_options
 from .sink.startup_checks import prepare_exactly_once, validate_input_schema
 from .sink.writers import KafkaBatchWriter, KafkaStreamWriter
@@ -21,8 +21,7 @@ from .source.schema import source_schema
 
 def _connection(options: dict[str, str]) -> dict[str, str]:
     """The connection and security settings among a sink's kafka.* options, for the readers of what it wrote."""
-    client = {key[len("kafka."):].lower(): value for key, value in options.items() if key.lower().startswith("kafka.")}
-    return {key: value for key, value in connection_config(client).items() if key != "bootstrap.servers"}
+    return {key: value for key, value in options_connection_config(options).items() if key != "bootstrap.servers"}
 
 
 class KafkaDataSource(DataSource):
