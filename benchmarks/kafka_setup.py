@@ -29,9 +29,12 @@ def broker(kind: str, directory: Path) -> Iterator[tuple[str, str]]:
     directory.mkdir(parents=True, exist_ok=True)
     if kind == "embedded":
         from sparkeos.broker.embedded import BrokerProcess
+        from sparkeos.broker.record_validation import COMPILED
 
+        checks = "compiled record checks" if COMPILED else "record checks in plain Python (not compiled at install)"
         with BrokerProcess(directory) as embedded:
-            yield embedded.bootstrap_servers, "sparkeos in a child process, data on disk, fsync before acks=all"
+            yield (embedded.bootstrap_servers,
+                   f"sparkeos in a child process, data on disk, fsync before acks=all, {checks}")
         return
     if kind not in BROKERS:
         raise ValueError(f"unknown broker {kind!r}: one of {', '.join(BROKERS)}")

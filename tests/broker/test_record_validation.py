@@ -7,6 +7,7 @@ read back by kafka-python and librdkafka; Produce never creates a topic.
 
 from __future__ import annotations
 
+import collections
 import struct
 from pathlib import Path
 
@@ -330,3 +331,104 @@ def _bump_offset_delta(data: bytearray, record_start: int) -> None:
         new = varint(_zigzag(data, pos) - 1)
     assert len(new) == size
     data[pos : pos + size] = new
+
+
+def _outcome(walk, data: bytes | bytearray, count: int, compacted: bool) -> tuple:
+    """What one record walk makes of a batch's records: the keyless indexes, or Kafka's error and message."""
+    from sparkeos.broker.records import InvalidBatch
+
+    try:
+        return ("read", walk(memoryview(data), HEADER_SIZE, len(data), count, compacted))
+    except InvalidBatch as refused:
+        return ("refused", refused.error_code, str(refused))
+
+
+def _both_walks():
+    from sparkeos.broker import record_validation, record_walk
+
+    assert record_validation.COMPILED, "the broker runs the plain Python walk: see the test below"
+    return record_walk.walk, record_validation._COMPILED
+
+
+def test_the_broker_reads_produced_records_with_the_compiled_walk() -> None:
+    """setup.py compiles record_walk.py at install time where a C compiler is there (.ci/run installs one). If
+    this fails, the install had no compiler, or record_walk.py changed since: `pip install -e .` again."""
+    from sparkeos.broker import record_validation
+
+    assert record_validation.COMPILED
+    assert record_validation._walk is record_validation._COMPILED
+
+
+def test_an_edited_record_walk_is_run_as_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled module is used only while record_walk.py is the file it was compiled from: after an edit,
+    and until the next install, the broker runs the edited file's walk."""
+    from sparkeos.broker import record_validation, record_walk
+
+    assert record_validation._compiled_walk() is not None
+    edited = tmp_path / "record_walk.py"
+    edited.write_bytes(Path(record_walk.__file__).read_bytes() + b"\n# an edit\n")
+    monkeypatch.setattr(record_walk, "__file__", str(edited))
+    assert record_validation._compiled_walk() is None
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["plain", "compacted"])
+def test_the_compiled_and_the_plain_walk_read_and_refuse_alike(compacted: bool) -> None:
+    """Every malformed shape, and thousands of random corruptions of batches kafka-python builds (bytes changed,
+    varints lengthened past their bits, batches cut short or counted wrong), get the same answer from both forms
+    of the walk: the same keyless records, or the same error and message."""
+    import random
+
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    plain, compiled = _both_walks()
+    cases: list[tuple[bytes, int]] = [(batch(records, count=3), 3) for records in SHAPES.values()]
+    cases += [(batch(records, count=1), 1) for records in _varint_edges()]
+    rng = random.Random(11)
+    # Two batches long enough for offset deltas of two and three bytes, and many short ones.
+    for count in [8193, 20_000] + [rng.choice([1, 2, 5, 64, 65, 300]) for _ in range(50)]:
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+                                            producer_epoch=-1, base_sequence=-1, batch_size=1 << 26)
+        for offset in range(count):
+            builder.append(offset, timestamp=1_700_000_000_000 + rng.choice([0, 1, -1, 9_000, 10**7, -(10**12)]),
+                           key=rng.choice([None, b"", b"k" * rng.choice([1, 64, 200])]),
+                           value=rng.choice([None, b"", b"v" * rng.choice([1, 63, 100, 9000])]) if count < 100
+                           else b"v" * 100,
+                           headers=[(rng.choice(["h", "é"]), rng.choice([None, b"", b"x" * 70]))
+                                    for _ in range(rng.choice([0, 0, 1, 3]))])
+        good = bytes(builder.build())
+        cases.append((good, count))
+        cases.append((good, count + rng.choice([-1, 1])))
+        cases.append((good[: rng.randrange(HEADER_SIZE, len(good))], count))
+        for _ in range(30):
+            broken = bytearray(good)
+            # Most corruptions land in the first records, where every field kind is.
+            at = HEADER_SIZE + min(int(rng.expovariate(1 / 12)), len(good) - HEADER_SIZE - 1)
+            for offset in range(rng.choice([1, 1, 2, 11])):
+                if at + offset < len(broken):
+                    broken[at + offset] = rng.choice([0x00, 0x01, 0x7F, 0x80, 0xFF, 0x02, rng.randrange(256)])
+            cases.append((bytes(broken), count))
+    outcomes = collections.Counter()
+    for data, count in cases:
+        expected = _outcome(plain, data, count, compacted)
+        assert _outcome(compiled, data, count, compacted) == expected, (data[:120].hex(), count)
+        outcomes[expected[0]] += 1
+    # Both kinds of answer were compared, many times over.
+    assert outcomes["read"] >= 100 and outcomes["refused"] >= 1_000, outcomes
+
+
+def _varint_edges() -> list[bytes]:
+    """One-record batches whose every varint field in turn is written long: int64 varints of ten bytes whose last
+    byte carries one bit too many or not, int32 ones of five bytes likewise, and both one byte too long."""
+    int64 = [b"\xff" * 9 + bytes([last]) for last in (0x00, 0x01, 0x02, 0x7F)] + [b"\x80" * 10 + b"\x00"]
+    int32 = [b"\x80" * 4 + bytes([last]) for last in (0x00, 0x0F, 0x10, 0x7F)] + [b"\x80" * 5 + b"\x00"]
+    fields = {
+        "timestamp delta": lambda v: b"\x00" + v + b"\x00" + field(None) + field(b"v") + b"\x00",
+        "offset delta": lambda v: b"\x00\x00" + v + field(None) + field(b"v") + b"\x00",
+        "key length": lambda v: b"\x00\x00\x00" + v + field(b"v") + b"\x00",
+        "value length": lambda v: b"\x00\x00\x00" + field(None) + v + b"\x00",
+        "header count": lambda v: b"\x00\x00\x00" + field(None) + field(b"v") + v,
+        "header key length": lambda v: b"\x00\x00\x00" + field(None) + field(b"v") + b"\x02" + v + field(b"x"),
+        "header value length": lambda v: b"\x00\x00\x00" + field(None) + field(b"v") + b"\x02" + field(b"h") + v,
+    }
+    edges = [record(body(v)) for body in fields.values() for v in int32 + int64]
+    return edges + [b"\x80" * 4 + bytes([last]) + b"\x00" * 6 for last in (0x00, 0x0F, 0x10)]

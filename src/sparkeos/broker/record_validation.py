@@ -20,18 +20,40 @@ and Kafka's leniency there would reach consumers that cannot read the result, or
   kafka-python fails on it).
 
 Uncompressed batches, nearly all of what clients send, are checked in place on the received bytes;
-compressed ones are decompressed first (compression.py), within `max_uncompressed_bytes`.
+compressed ones are decompressed first (compression.py), within `max_uncompressed_bytes`. The reading
+itself is record_walk.py's, compiled where the install could.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+from . import record_walk
 from .compression import CODEC_NAMES, decompress
 from .errors import INVALID_RECORD, UNKNOWN_SERVER_ERROR
 from .records import HEADER_SIZE, BatchHeader, InvalidBatch
 
-# The shortest record: a length and six fields of one byte each (attributes, timestamp delta, offset
-# delta, key length, value length, header count).
-MIN_RECORD_SIZE = 7
+
+def source_digest() -> str:
+    """The digest setup.py records in the compiled record walk: of record_walk.py as it was compiled."""
+    return hashlib.sha256(Path(record_walk.__file__).read_bytes()).hexdigest()
+
+
+def _compiled_walk():
+    """The compiled record walk, unless it was not built (no C compiler at install time) or was built from
+    another record_walk.py than this one (an edit since the last install)."""
+    try:
+        from . import _record_walk  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _record_walk.walk if _record_walk.SOURCE_DIGEST == source_digest() else None
+
+
+_COMPILED = _compiled_walk()
+# Whether produced records are read by the compiled walk (the benchmarks say which).
+COMPILED = _COMPILED is not None
+_walk = _COMPILED or record_walk.walk
 
 
 def validate_records(header: BatchHeader, batch: memoryview, compacted: bool, max_uncompressed_bytes: int,
@@ -59,166 +81,3 @@ def validate_records(header: BatchHeader, batch: memoryview, compacted: bool, ma
             record_errors=[(index, message) for index in keyless],
         )
     return records
-
-
-def _invalid(message: str) -> InvalidBatch:
-    return InvalidBatch(INVALID_RECORD, message)
-
-
-def _walk(data, pos: int, end: int, count: int, compacted: bool) -> list[int]:
-    """Read `count` records from data[pos:end], which they must fill exactly; the indexes of keyless ones
-    when `compacted`.
-
-    The hot path of every produce, so written for CPython's speed rather than for reading: varints of one
-    and two bytes (nearly every length and delta) are decoded inline, and a read past the end of `data`
-    surfaces as IndexError instead of being checked field by field. A read past the end of one record
-    into the next cannot pass: the record must end exactly where its length says."""
-    if count * MIN_RECORD_SIZE > end - pos:
-        raise _invalid(f"Incorrect declared batch size: {count} records cannot fit in {end - pos} bytes")
-    keyless: list[int] = []
-    twice = 0
-    try:
-        # `twice` is the record's index zigzag-encoded (index * 2), the varint its offset delta must be:
-        # compared byte by byte for one- and two-byte deltas. The index itself is needed only on the rare
-        # paths, as twice >> 1.
-        for twice in range(0, count << 1, 2):
-            byte = data[pos]
-            if byte < 0x80:
-                if byte & 1:
-                    raise _invalid(f"Invalid record size {-(byte + 1) >> 1}")
-                size = byte >> 1
-                pos += 1
-            else:
-                low = data[pos + 1]
-                if low < 0x80:
-                    size = (byte & 0x7F) | low << 7
-                    if size & 1:
-                        raise _invalid(f"Invalid record size {-(size + 1) >> 1}")
-                    size >>= 1
-                    pos += 2
-                else:
-                    size, pos = _varint(data, pos, 32)
-                    if size < 0:
-                        raise _invalid(f"Invalid record size {size}")
-            stop = pos + size
-            if stop > end:
-                raise _invalid(f"Invalid record size: expected {size} bytes in record payload, but instead the "
-                               f"buffer has only {end - pos} remaining bytes.")
-            if data[pos] >= 0x80:
-                raise _invalid(f"record {twice >> 1} has attributes {data[pos]:#04x}")
-            # The timestamp delta after the attributes byte: any value.
-            if data[pos + 1] < 0x80:
-                pos += 2
-            elif data[pos + 2] < 0x80:
-                pos += 3
-            else:
-                _, pos = _varint(data, pos + 1, 64)
-            if twice < 0x80 and data[pos] == twice:
-                pos += 1
-            elif twice < 0x4000 and data[pos] == twice & 0x7F | 0x80 and data[pos + 1] == twice >> 7:
-                pos += 2
-            else:
-                delta, pos = _varint(data, pos, 32)
-                if delta != twice >> 1:
-                    raise _invalid(f"record {twice >> 1} has offset delta {delta}")
-            byte = data[pos]  # key length
-            if byte == 1:  # null
-                if compacted:
-                    keyless.append(twice >> 1)
-                pos += 1
-            elif byte < 0x80:
-                if byte & 1:
-                    raise _invalid(f"record {twice >> 1} has key length {-(byte + 1) >> 1}")
-                pos += 1 + (byte >> 1)
-            else:
-                length, pos = _varint(data, pos, 32)
-                if length < 0:
-                    raise _invalid(f"record {twice >> 1} has key length {length}")
-                pos += length
-            byte = data[pos]  # value length
-            if byte >= 0x80:
-                low = data[pos + 1]
-                if low < 0x80:
-                    length = (byte & 0x7F) | low << 7
-                    if length & 1:
-                        raise _invalid(f"record {twice >> 1} has value length {-(length + 1) >> 1}")
-                    pos += 2 + (length >> 1)
-                else:
-                    length, pos = _varint(data, pos, 32)
-                    if length < -1:
-                        raise _invalid(f"record {twice >> 1} has value length {length}")
-                    if length > 0:
-                        pos += length
-            elif byte & 1:
-                if byte != 1:
-                    raise _invalid(f"record {twice >> 1} has value length {-(byte + 1) >> 1}")
-                pos += 1
-            else:
-                pos += 1 + (byte >> 1)
-            if pos + 1 == stop and not data[pos]:  # no headers, the end of the record
-                pos = stop
-                continue
-            byte = data[pos]  # header count
-            if byte < 0x80 and not byte & 1:
-                pos = _headers(data, pos + 1, stop, byte >> 1)
-            else:
-                headers, pos = _varint(data, pos, 32)
-                pos = _headers(data, pos, stop, headers)
-            if pos != stop:
-                raise _invalid(f"Invalid record size: expected to read {size} bytes in record payload, but instead "
-                               f"read {size + pos - stop}")
-    except IndexError:
-        raise _invalid(f"Found invalid record structure: record {twice >> 1} runs past the end of the "
-                       "batch") from None
-    if pos != end:
-        raise _invalid("Incorrect declared batch size, records still remaining in file")
-    return keyless
-
-
-def _headers(data, pos: int, stop: int, count: int) -> int:
-    if count < 0:
-        raise _invalid(f"Found invalid number of record headers {count}")
-    if count > stop - pos:
-        raise _invalid(f"Found invalid number of record headers. {count} is larger than the remaining size of the "
-                       "buffer")
-    for _ in range(count):
-        byte = data[pos]  # key length: never null
-        if byte < 0x80 and not byte & 1:
-            length = byte >> 1
-            pos += 1
-        else:
-            length, pos = _varint(data, pos, 32)
-            if length < 0:
-                raise _invalid(f"Invalid negative header key size {length}")
-        if length:
-            try:
-                str(data[pos : pos + length], "utf-8")
-            except UnicodeDecodeError:
-                raise _invalid(f"header key {bytes(data[pos : pos + length])!r} is not UTF-8") from None
-            pos += length
-        byte = data[pos]  # value length
-        if byte < 0x80 and (not byte & 1 or byte == 1):
-            pos += 1 + (byte >> 1)
-        else:
-            length, pos = _varint(data, pos, 32)
-            if length < -1:
-                raise _invalid(f"header value length {length}")
-            if length > 0:
-                pos += length
-    return pos
-
-
-def _varint(data, pos: int, bits: int) -> tuple[int, int]:
-    """A zigzag varint of an int32 or int64 (`bits`): at most 5 or 10 bytes, and no value bits past `bits`."""
-    value = 0
-    shift = 0
-    while shift < bits:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            if value >> bits:
-                raise _invalid(f"Found invalid record structure: varint {value} overflows {bits} bits")
-            return (value >> 1) ^ -(value & 1), pos
-        shift += 7
-    raise _invalid(f"Found invalid record structure: varint of more than {(bits + 6) // 7} bytes")
