@@ -359,15 +359,21 @@ def test_the_broker_reads_produced_records_with_the_compiled_walk() -> None:
     assert record_validation._walk is record_validation._COMPILED
 
 
-def test_an_edited_record_walk_is_run_as_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled module is used only while record_walk.py is the file it was compiled from: after an edit,
-    and until the next install, the broker runs the edited file's walk."""
+@pytest.mark.parametrize("edited", ["record_walk.py", "record_walk.pxd", None], ids=["py", "pxd", "gone"])
+def test_an_edited_record_walk_is_run_as_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      edited: str | None) -> None:
+    """The compiled module is used only while record_walk.py and its C types are the files it was compiled from:
+    after an edit of either, until the next install, the broker runs the edited file's walk; without the files,
+    nothing says the module is theirs, and the plain walk runs too."""
     from sparkeos.broker import record_validation, record_walk
 
     assert record_validation._compiled_walk() is not None
-    edited = tmp_path / "record_walk.py"
-    edited.write_bytes(Path(record_walk.__file__).read_bytes() + b"\n# an edit\n")
-    monkeypatch.setattr(record_walk, "__file__", str(edited))
+    source = Path(record_walk.__file__)
+    if edited is not None:
+        for name in ("record_walk.py", "record_walk.pxd"):
+            (tmp_path / name).write_bytes((source.parent / name).read_bytes() + (b"\n# an edit\n" if name == edited
+                                                                                 else b""))
+    monkeypatch.setattr(record_walk, "__file__", str(tmp_path / "record_walk.py"))
     assert record_validation._compiled_walk() is None
 
 
@@ -397,12 +403,16 @@ def test_the_compiled_and_the_plain_walk_read_and_refuse_alike(compacted: bool) 
                                     for _ in range(rng.choice([0, 0, 1, 3]))])
         good = bytes(builder.build())
         cases.append((good, count))
-        cases.append((good, count + rng.choice([-1, 1])))
+        cases.append((good, max(1, count + rng.choice([-1, 1, 7, -(count // 2)]))))
         cases.append((good[: rng.randrange(HEADER_SIZE, len(good))], count))
-        for _ in range(30):
+        for corruption in range(30):
             broken = bytearray(good)
-            # Most corruptions land in the first records, where every field kind is.
-            at = HEADER_SIZE + min(int(rng.expovariate(1 / 12)), len(good) - HEADER_SIZE - 1)
+            # Most corruptions land in the first records, where every field kind is; in the long batches a third
+            # land in their last quarter, where offset deltas take three bytes.
+            if count > 8192 and corruption % 3 == 0:
+                at = rng.randrange(len(good) * 3 // 4, len(good))
+            else:
+                at = HEADER_SIZE + min(int(rng.expovariate(1 / 12)), len(good) - HEADER_SIZE - 1)
             for offset in range(rng.choice([1, 1, 2, 11])):
                 if at + offset < len(broken):
                     broken[at + offset] = rng.choice([0x00, 0x01, 0x7F, 0x80, 0xFF, 0x02, rng.randrange(256)])
@@ -414,6 +424,11 @@ def test_the_compiled_and_the_plain_walk_read_and_refuse_alike(compacted: bool) 
         outcomes[expected[0]] += 1
     # Both kinds of answer were compared, many times over.
     assert outcomes["read"] >= 100 and outcomes["refused"] >= 1_000, outcomes
+    # A tenth int64 varint byte with payload bits past 64 overflows; one that goes on is a varint too long.
+    too_wide, too_long = (batch(record(b"\x00" + b"\xff" * 9 + last + b"\x00" + field(None) + field(b"v") + b"\x00"),
+                                count=1) for last in (b"\x02", b"\x82\x00"))
+    assert _outcome(compiled, too_wide, 1, compacted)[2].endswith("varint overflows 64 bits")
+    assert _outcome(compiled, too_long, 1, compacted)[2].endswith("varint of more than 10 bytes")
 
 
 def _varint_edges() -> list[bytes]:

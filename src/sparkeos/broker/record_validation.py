@@ -36,18 +36,23 @@ from .records import HEADER_SIZE, BatchHeader, InvalidBatch
 
 
 def source_digest() -> str:
-    """The digest setup.py records in the compiled record walk: of record_walk.py as it was compiled."""
-    return hashlib.sha256(Path(record_walk.__file__).read_bytes()).hexdigest()
+    """The digest setup.py records in the compiled record walk: of record_walk.py and record_walk.pxd (its C types)
+    as they were compiled."""
+    source = Path(record_walk.__file__)
+    return hashlib.sha256(source.read_bytes() + source.with_suffix(".pxd").read_bytes()).hexdigest()
 
 
 def _compiled_walk():
     """The compiled record walk, unless it was not built (no C compiler at install time) or was built from
-    another record_walk.py than this one (an edit since the last install)."""
+    another record_walk.py or .pxd than these (an edit since the last install)."""
     try:
         from . import _record_walk  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return _record_walk.walk if _record_walk.SOURCE_DIGEST == source_digest() else None
+    try:
+        return _record_walk.walk if _record_walk.SOURCE_DIGEST == source_digest() else None
+    except OSError:  # an install without the source files: nothing says the module is theirs
+        return None
 
 
 _COMPILED = _compiled_walk()

@@ -2,7 +2,7 @@
 
 This module is plain Python, and also compiled: where a C compiler is there at install time, setup.py builds
 `_record_walk` from this very file with Cython, typing its variables as record_walk.pxd declares, and
-record_validation uses the compiled module while its recorded digest of this file is still this file's. The
+record_validation uses the compiled module while its recorded digest of the two files is still theirs. The
 checks, their order and their messages are the same in both; tests/broker/test_record_validation.py runs every
 malformed shape through both and compares them.
 """
@@ -173,18 +173,16 @@ def _headers(data, pos: int, stop: int, count: int) -> int:
 def _varint(data, pos: int, bits: int) -> tuple[int, int]:
     """A zigzag varint of an int32 or int64 (`bits`): at most 5 or 10 bytes, and no value bits past `bits`.
 
-    Written so that no step passes 64 bits, as in the compiled form, where `value` is a C integer: the tenth
-    byte of an int64's varint may carry only its lowest bit."""
+    In the compiled form `value` is a 64-bit C integer, which drops what the tenth byte of an int64's varint
+    shifts past its 64 bits: such a varint is refused here either way, so both forms answer alike."""
     value = 0
     shift = 0
     while shift < bits:
         byte = data[pos]
         pos += 1
-        if shift == 63 and byte & 0x7E:
-            raise _invalid(f"Found invalid record structure: varint overflows {bits} bits")
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
-            if bits == 32 and value >> 32:
+            if shift == 63 and byte > 1 or bits == 32 and value >> 32:
                 raise _invalid(f"Found invalid record structure: varint overflows {bits} bits")
             decoded = (value >> 1) ^ -(value & 1)
             return decoded, pos
