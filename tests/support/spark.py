@@ -90,9 +90,19 @@ def clear_failpoints() -> None:
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> str:
+    """Create a topic and wait until the broker's metadata serves it with a leader for every partition: Apache
+    Kafka answers CreateTopics before its brokers' metadata has the topic, and a DescribeConfigs or a Produce in
+    between gets UNKNOWN_TOPIC_OR_PARTITION."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(name, partitions, config=config or {})])
     futures[name].result(30)
+
+    def served() -> bool:
+        topic = admin.list_topics(name, timeout=10).topics.get(name)
+        return (topic is not None and topic.error is None and len(topic.partitions) == partitions
+                and all(partition.leader >= 0 for partition in topic.partitions.values()))
+
+    wait_for(served, timeout_s=30, interval_s=0.05, what=f"topic {name} in the broker's metadata")
     return name
 
 
