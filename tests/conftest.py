@@ -9,6 +9,9 @@ broker only), through the same `broker` (or `broker_process`) fixture; a test th
 only, unless `SPARKEOS_TEST_KAFKA` names the versions. `apache_kafka(opt_in=True)`, for the longest soaks, runs on
 Apache Kafka only when `SPARKEOS_TEST_KAFKA` names the versions. `apache_kafka(embedded=False)` leaves the embedded
 broker out (it runs there only when no Apache Kafka version is tested).
+
+A test marked `soak` is one of the longest drills whose guarantee a shorter test of the default run also checks
+(the mark says which): it is deselected (counted as such, never as passed) unless `SPARKEOS_TEST_SOAK=1`.
 """
 
 from __future__ import annotations
@@ -35,22 +38,49 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "embedded_broker_only(why): in a module marked apache_kafka, a test whose subject does not depend "
         "on the broker (say why), run on the embedded broker only"
     )
+    config.addinivalue_line(
+        "markers", "soak(covered_by): one of the longest drills, run only when SPARKEOS_TEST_SOAK=1; covered_by names "
+        "what checks its guarantee in the default run (tests/conftest.py)"
+    )
 
 
 # A test given at least this long (pytest-timeout's mark) is one of the few that take minutes.
 LONG_TEST_TIMEOUT_S = 400
 
 
+def soaks_wanted() -> bool:
+    value = os.environ.get("SPARKEOS_TEST_SOAK", "")
+    if value not in ("", "0", "1"):
+        raise pytest.UsageError(f"SPARKEOS_TEST_SOAK must be 1 (run the soaks too) or 0, got {value!r}")
+    return value == "1"
+
+
+def deselect_soaks(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soaks leave the default run, as deselected tests."""
+    for item in items:
+        mark = item.get_closest_marker("soak")
+        if mark is not None and not (mark.args and str(mark.args[0]).strip()):
+            raise pytest.UsageError(f"{item.nodeid}: soak(covered_by) must name what covers it in the default run")
+    if soaks_wanted():
+        return
+    soaks = [item for item in items if item.get_closest_marker("soak")]
+    if soaks:
+        config.hook.pytest_deselected(items=soaks)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+
+
 @pytest.hookimpl(trylast=True)  # after -k, -m and --deselect have chosen the tests
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first, shared out among the test processes: pytest-xdist's worksteal hands each process an even,
-    contiguous share of the tests, and one that runs out takes short ones from the end of another's. Each share thus
-    begins with its long tests, so that no process runs the last long test alone while the others wait."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soaks out unless wanted; then the long tests first, shared out among the test processes: pytest-xdist's
+    worksteal hands each process an even, contiguous share of the tests, and one that runs out takes short ones from
+    the end of another's. Each share thus begins with its long tests, so that no process runs the last long test alone
+    while the others wait."""
 
     def timeout(item: pytest.Item) -> float:
         mark = item.get_closest_marker("timeout")
         return float(mark.args[0]) if mark and mark.args else 0.0
 
+    deselect_soaks(config, items)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     long = sorted((item for item in items if timeout(item) >= LONG_TEST_TIMEOUT_S), key=lambda item: -timeout(item))
     short = iter([item for item in items if timeout(item) < LONG_TEST_TIMEOUT_S])

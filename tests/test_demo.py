@@ -62,6 +62,8 @@ def test_demo_on_an_existing_cluster_with_event_time_windows_is_exact(runtime_py
     assert not [group.group_id for group in groups if group.group_id.startswith(prefix)]
 
 
+@pytest.mark.soak("tests/jobs/test_secured_job.py kills the demo's job on a secured Apache Kafka, audits it and reads "
+                  "its lag; tests/test_chaos.py runs a job under faults on a secured embedded broker")
 @pytest.mark.timeout(600)
 def test_demo_on_a_secured_cluster_with_its_driver_killed_is_exact(runtime_python, tmp_path):
     """`--bootstrap-servers` with `--command-config`: a cluster that asks for SASL_SSL, its authorizer on, as a
@@ -105,6 +107,8 @@ def test_demo_names_a_cluster_it_cannot_reach_and_exits_2(runtime_python, tmp_pa
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.soak("CI runs the README's `sparkeos demo --crash-every 25`, which exits 0 only if exact; the demo's job "
+                  "runs under driver kills in tests/test_chaos.py (people-etl)")
 @pytest.mark.timeout(600)
 def test_demo_survives_driver_crashes(runtime_python, tmp_path):
     """Processing-time windows (the default), with the Spark driver killed with SIGKILL every 20 s.

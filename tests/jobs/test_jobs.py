@@ -270,22 +270,35 @@ def test_python_transform_and_string_format(spark, broker, tmp_path):
     assert sorted(read_values(bootstrap, sink)) == [b"ALPHA!", b"BETA!", b"GAMMA!"]
 
 
-@pytest.mark.apache_kafka(newest_only=True)
-def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
-    bootstrap = broker.bootstrap_servers
+def input_and_outputs(bootstrap: str) -> tuple[str, str, str]:
+    """An input of 40 people, its exact output, and an output with one record missing, one duplicated and one
+    unexpected."""
     source = create_topic(bootstrap, unique("in"))
     sink = create_topic(bootstrap, unique("out"))
     produce(bootstrap, source, people(40))
-    spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck")))
     right = sorted(expected_numbers(40).elements())
     produce(bootstrap, sink, right)
-    assert audit(spark, spec, bootstrap, source, sink).exact
     wrong_sink = create_topic(bootstrap, unique("wrong"))
     produce(bootstrap, wrong_sink, right[1:] + [right[2], b"not-an-id-number"])
+    return source, sink, wrong_sink
+
+
+@pytest.mark.apache_kafka(newest_only=True)
+def test_audit_detects_a_duplicate_a_missing_and_an_unexpected_record(spark, broker, tmp_path):
+    bootstrap = broker.bootstrap_servers
+    source, sink, wrong_sink = input_and_outputs(bootstrap)
+    spec = parse_job(job(bootstrap, source, sink, str(tmp_path / "ck")))
+    assert audit(spark, spec, bootstrap, source, sink).exact
     report = audit(spark, spec, bootstrap, source, wrong_sink)
     assert (report.output.missing, report.output.duplicated, report.output.unexpected) == (1, 1, 1)
     assert not report.exact
     assert set(report.output.samples) == {"missing", "duplicated", "unexpected"}
+
+
+def test_the_audit_command_prints_the_counts_exits_1_on_a_mismatch_and_checks_its_master(broker, tmp_path):
+    """The command line's audit, in a driver of its own (on one broker: what it reads is the audit's above)."""
+    bootstrap = broker.bootstrap_servers
+    source, sink, wrong_sink = input_and_outputs(bootstrap)
     job_path = tmp_path / "job.yaml"
     job_path.write_text(yaml.safe_dump(job(bootstrap, source, sink, str(tmp_path / "ck"))))
     command = [sys.executable, "-m", "sparkeos", "audit", str(job_path), "--bootstrap-servers", bootstrap,
