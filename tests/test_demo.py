@@ -34,7 +34,8 @@ def run_demo(python, tmp_path, *args: str) -> tuple[dict, subprocess.CompletedPr
 def test_demo_on_an_existing_cluster_with_event_time_windows_is_exact(runtime_python, broker, tmp_path):
     """`--bootstrap-servers`: the demo's topics, group and schema registry topic are its run's own on the cluster,
     and are deleted once the audit found the output exact. On Apache Kafka (the embedded broker only when no Kafka
-    version is tested): the embedded default mode is the crash-drill test's."""
+    version is tested): the embedded default mode is the README's demo command's, which CI runs, and the crash-drill
+    soak's."""
     bootstrap = broker.bootstrap_servers
     # A cluster in use: its first idempotent producer has been served. On a fresh Apache Kafka node the first one
     # waits for the node to load its producer id state, and librdkafka warns about it on the terminal.
