@@ -372,7 +372,9 @@ def data_epochs(bootstrap: str, topic: str) -> list[tuple[int, int]]:
 
 
 # Which producer a worker keeps is the sink's own doing; the fencing it relies on is the same on every Kafka version.
-@pytest.mark.apache_kafka(newest_only=True)
+# On Apache Kafka only (the embedded broker when no version is tested): how Kafka fences a retried task's
+# producer is the subject, and the embedded broker's fencing is checked against Kafka's in tests/broker.
+@pytest.mark.apache_kafka(newest_only=True, embedded=False)
 def test_a_cached_producer_is_used_while_no_other_producer_took_its_id(broker, tmp_path):
     """Step 4 in a Spark of its own (one core, so which worker runs each task is known).
 
