@@ -4,7 +4,6 @@ a deliberately broken sink is reported inexact, with samples; bad input is refus
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from sparkeos.chaos.input import CORRUPT_VALUE, InputGenerator, ddl_fields
 from sparkeos.chaos.report import ChaosReport, report_from_json
 from sparkeos.chaos.sandbox import kafka_section_for_run, load_for_run
 from sparkeos.jobs.spec import JobError, load_job, parse_job
+from sparkeos.processes import command_line, process_table
 from sparkeos.spark import sink_data_source
 from sparkeos.spark.postgres.sink import describe_url
 from sparkeos.verify import READ_UNCOMMITTED, end_offsets, iter_records, read_values
@@ -558,12 +558,7 @@ def test_a_run_interrupted_with_ctrl_c_leaves_no_driver_and_no_kafka_node_runnin
     job_path, kafka_dir = str(workdir / "job.yaml"), str(workdir / "kafka")
 
     def processes_naming(text: str) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            with contextlib.suppress(OSError):
-                if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-        return found
+        return [pid for pid in process_table() if any(text in argument for argument in command_line(pid))]
 
     run = subprocess.Popen([str(runtime_python), "-m", "sparkeos", "chaos", str(EXAMPLES / "people-json.yaml"),
                             "--faults", "driver-kill=30", "--workdir", str(workdir), "--kafka-version", VERSIONS[0]],
