@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sparkeos.broker import BrokerProcess, EmbeddedBroker
-from support import apache_kafka
+from support import apache_kafka, class_archives
 from support.apache_kafka import ApacheKafkaCluster
 from support.postgres import PostgresServer
 
@@ -42,6 +43,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "soak(covered_by): one of the longest drills, run only when SPARKEOS_TEST_SOAK=1; covered_by names "
         "what checks its guarantee in the default run (tests/conftest.py)"
     )
+    if not hasattr(config, "workerinput"):  # once per run, before pytest-xdist starts the test processes
+        make_class_archives(config)
+
+
+def make_class_archives(config: pytest.Config) -> None:
+    """The JVMs' class archives (support/class_archives.py), made when missing; the drivers told to map theirs
+    through the environment every test process and every process of a test inherits. A missing archive costs only
+    time: a warning says why, and tests/test_class_archives.py fails."""
+    makers = {"Spark's drivers": class_archives.make_spark_driver_archive}
+    for version in filter(apache_kafka.kafka_jars_cached, apache_kafka.tested_versions()):
+        makers[f"Apache Kafka {version}'s nodes"] = lambda version=version: class_archives.make_kafka_archive(version)
+    with ThreadPoolExecutor(len(makers)) as pool:
+        outcomes = {what: pool.submit(make) for what, make in makers.items()}
+    for what, outcome in outcomes.items():
+        if outcome.exception() is not None:
+            config.issue_config_time_warning(
+                pytest.PytestWarning(f"no class archive for {what}: {outcome.exception()}"), stacklevel=2)
+    os.environ[class_archives.DRIVER_OPTIONS_VARIABLE] = class_archives.driver_options()
 
 
 # A test given at least this long (pytest-timeout's mark) is one of the few that take minutes.

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import class_archives
 from .maven import cached_jars, is_cached
 from .ports import free_port
 
@@ -216,7 +217,11 @@ class ApacheKafkaCluster:
         self._java = shutil.which("java")
         if self._java is None:
             raise KafkaStartFailed("`java` is not on PATH: Apache Kafka needs a JDK 17 (openjdk-17-jdk-headless)")
-        self._classpath = os.pathsep.join(str(jar) for jar in kafka_jars(version))
+        jars = kafka_jars(version)
+        self._classpath = os.pathsep.join(str(jar) for jar in jars)
+        self.class_archive = class_archives.archive_path(f"kafka-{version}", self._java, jars)
+        # The nodes' JVMs map the version's class archive once one exists (make_class_archive).
+        self._java_options = class_archives.use_options(self.class_archive)
         self._formatted = False
 
     @property
@@ -393,7 +398,8 @@ class ApacheKafkaCluster:
         return path
 
     def _format(self, node: KafkaNode) -> None:
-        command = [self._java, HEAP, "-cp", self._classpath, "kafka.tools.StorageTool", "format",
+        command = [self._java, HEAP, *class_archives.use_options(self.class_archive), "-cp", self._classpath,
+                   "kafka.tools.StorageTool", "format",
                    # One argument, as an id may start with "-" (base64 of random bytes).
                    f"--cluster-id={self.cluster_id}", "-c", str(self._properties(node))]
         for name, level in self.features.items():
@@ -422,9 +428,9 @@ class ApacheKafkaCluster:
             logging_flag = f"-Dlog4j.configuration=file:{logging_config}"
         with open(node.directory / "stdout.log", "ab") as output:
             node.process = subprocess.Popen(
-                [self._java, HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
-                 "-Djava.awt.headless=true", logging_flag, f"-Dkafka.logs.dir={node.directory}",
-                 "-cp", self._classpath, "kafka.Kafka", str(properties)],
+                [self._java, HEAP, *self._java_options, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                 "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true", logging_flag,
+                 f"-Dkafka.logs.dir={node.directory}", "-cp", self._classpath, "kafka.Kafka", str(properties)],
                 stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
@@ -449,6 +455,26 @@ class ApacheKafkaCluster:
                 return
         raise KafkaStartFailed(f"node {node.node_id} of {self} did not serve in {START_TIMEOUT_S:.0f} s\n"
                                f"{node.log_tail()}")
+
+
+def make_class_archive(version: str, root: Path) -> bool:
+    """Make the class-data-sharing archive of ``version``'s nodes (class_archives.py) unless it exists; whether one
+    exists now. A one-node cluster is started in ``root`` and serves, then its node is stopped with SIGTERM: Kafka
+    shuts down and its JVM writes the classes it loaded as it exits."""
+    cluster = ApacheKafkaCluster(root, version)
+    if cluster.class_archive.is_file():
+        return True
+    cluster._java_options, written = class_archives.dump_options(cluster.class_archive)
+    try:
+        cluster.start()
+        process = cluster.nodes[1].process
+        assert process is not None
+        process.terminate()
+        process.wait(timeout=START_TIMEOUT_S)
+        return class_archives.publish(written, cluster.class_archive)
+    finally:
+        cluster.stop()
+        written.unlink(missing_ok=True)
 
 
 def _java_string_hash_abs(text: str) -> int:

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import os
 
-from sparkeos.apache_kafka import VERSIONS, ApacheKafkaCluster, KafkaNode, KafkaStartFailed, kafka_jars, major
+from sparkeos.apache_kafka import (
+    VERSIONS,
+    ApacheKafkaCluster,
+    KafkaNode,
+    KafkaStartFailed,
+    kafka_jars,
+    kafka_jars_cached,
+    major,
+)
 
-__all__ = ["VERSIONS", "ApacheKafkaCluster", "KafkaNode", "KafkaStartFailed", "kafka_jars", "major", "tested_versions"]
+__all__ = ["VERSIONS", "ApacheKafkaCluster", "KafkaNode", "KafkaStartFailed", "kafka_jars", "kafka_jars_cached",
+           "major", "tested_versions"]
 
 
 def tested_versions() -> list[str]:

@@ -90,8 +90,10 @@ def exception_lines(lines: list[str], most: int = 8, width: int = 400) -> list[s
 class Driver:
     """One run of tests/support/pipeline_job.py, in a session of its own, output in log files."""
 
-    def __init__(self, log_dir: Path, tag: str, args: list[str], alternate_low_latency: bool = False):
+    def __init__(self, log_dir: Path, tag: str, args: list[str], alternate_low_latency: bool = False,
+                 environment: dict[str, str] | None = None):
         self.log_dir = log_dir
+        self.environment = environment or {}
         self.tag = tag
         self.args = args
         self.alternate_low_latency = alternate_low_latency
@@ -104,7 +106,7 @@ class Driver:
         (sparkeos.spark.low_latency): the checkpoint goes back and forth between the two, and each must keep the
         output exact."""
         self.stdout_path = self.log_dir / f"driver-{run}.out"
-        environment = {**os.environ, TAG_VARIABLE: self.tag, "PYSPARK_PYTHON": sys.executable}
+        environment = {**os.environ, **self.environment, TAG_VARIABLE: self.tag, "PYSPARK_PYTHON": sys.executable}
         switch = ["--low-latency"] if self.alternate_low_latency and run % 2 else []
         with open(self.stdout_path, "w") as stdout, open(self.log_dir / f"driver-{run}.err", "w") as stderr:
             self.process = subprocess.Popen(
