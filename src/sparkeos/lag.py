@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+from confluent_kafka import KafkaException
 from pyarrow import fs as pafs
 
 from .client_settings import ClientSettingsError, client_config
 from .locations import open_location
-from .spark.kafka.cluster import KafkaCluster
+from .spark.kafka.cluster import KAFKA_INTERNAL_TOPICS, KafkaCluster
 from .spark.kafka.source.offsets import BATCH_START_KEY, RESERVED_KEY_PREFIX, Offsets
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -205,18 +205,11 @@ def read_checkpoint(location: str) -> CheckpointOffsets:
 
 class LagCluster(KafkaCluster):
     def committed_offsets(self, group: str) -> Offsets:
-        """Every offset `group` committed (require_stable: transactional commits still pending are waited for)."""
-        request = ConsumerGroupTopicPartitions(group)
-
-        def attempt(timeout_s: float):
-            futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
-                                                             request_timeout=timeout_s)
-            return self._wait(futures, "an OffsetFetch request", timeout_s)[group]
-
-        result = self._until_deadline(attempt, "an OffsetFetch request")
-        if isinstance(result, Exception):
-            raise LagError(f"reading the committed offsets of group {group!r} failed: {result}")
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+        """Every offset `group` committed on a topic of the cluster (require_stable: transactional commits still
+        pending are waited for). Kafka drops a group's offsets of a deleted topic."""
+        partitions = [(topic, partition) for topic, count in self.topics().items()
+                      if topic not in KAFKA_INTERNAL_TOPICS for partition in range(count)]
+        return self.group_offsets(group, partitions)
 
 
 # --- the report ---------------------------------------------------------------------------------------------

@@ -11,10 +11,17 @@ far past the timeout it was given (confluentinc/librdkafka#5456, #5511); the sin
 with that call. Started while the broker was down, the call outlived its 10 s timeout in 4 of 4 tries with
 librdkafka 2.16.0: by 34-37 s, or for good. The sink must give up on such a producer within its bound, and a
 new producer of the same transactional id must carry on exactly once.
+
+A group's offsets asked of a fresh Apache Kafka node (or one just restarted) get NOT_COORDINATOR while the node loads
+the group coordinator: librdkafka's admin client (2.16.1) crashed the process with SIGSEGV on that answer
+(confluentinc/librdkafka#5040), where the starting offsets of `startingOffsets=group`, the Kafka sink's recovery and
+`sparkeos lag --group` read them.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -28,6 +35,7 @@ from sparkeos.spark.kafka.cluster import KafkaCluster
 from sparkeos.spark.kafka.options import parse_sink_options
 from sparkeos.spark.kafka.sink.protocol import BEGIN_TIMEOUT_S, STUCK_CALL_GRACE_S, _TransactionalWriter
 from sparkeos.spark.kafka.sink.startup_checks import prepare_exactly_once
+from support.apache_kafka import VERSIONS, ApacheKafkaCluster
 from support.spark import commit_sink_batch, create_topic, produce, unique
 
 TRIES = 2
@@ -126,3 +134,26 @@ def test_a_transaction_started_while_the_broker_restarts_ends_in_bounded_time_an
         finally:
             successor.close()
     print(outcomes)
+
+
+# Each read in a process of its own: a crash then fails the test, not the test process.
+FIRST_READS = {
+    "the source's starting offsets": (
+        "import sys; from sparkeos.spark.kafka.cluster import KafkaCluster; "
+        "print(KafkaCluster({'bootstrap.servers': sys.argv[1]}).group_offsets('g', [(sys.argv[2], 0)]))", 0, "{}"),
+    "sparkeos lag --group": (
+        "import sys; from sparkeos.cli import main; "
+        "sys.exit(main(['lag', '--bootstrap-servers', sys.argv[1], '--group', 'g']))",
+        1, "group 'g' has no committed offsets"),
+}
+
+
+@pytest.mark.parametrize("read", FIRST_READS)
+def test_a_groups_offsets_asked_first_of_a_fresh_apache_kafka_node_are_answered(read, tmp_path):
+    code, exit_code, expected = FIRST_READS[read]
+    with ApacheKafkaCluster(tmp_path, VERSIONS[0]) as cluster:
+        topic = create_topic(cluster.bootstrap_servers, unique("in"))
+        done = subprocess.run([sys.executable, "-c", code, cluster.bootstrap_servers, topic], capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == exit_code, f"exit {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    assert expected in done.stdout + done.stderr

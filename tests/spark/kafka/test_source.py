@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -138,10 +138,14 @@ def commit_group_offsets(bootstrap: str, group: str, topic: str, committed: dict
 
 
 def group_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
-    result = admin.list_consumer_group_offsets([request])[group].result(30)
-    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+    """The group's committed offsets, read by a consumer: librdkafka's admin client can crash on a fresh Apache Kafka
+    node (tests/spark/kafka/test_cluster_broker_restart.py)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        result = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in result if tp.offset >= 0}
 
 
 def failure_of_batch(spark, bootstrap: str, **options) -> str:

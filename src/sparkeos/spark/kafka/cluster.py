@@ -16,7 +16,6 @@ from typing import TypeVar
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -156,9 +155,10 @@ class KafkaCluster:
     def __init__(self, config: dict[str, str], timeout_s: float = DEFAULT_TIMEOUT_S):
         self.bootstrap_servers = config["bootstrap.servers"]
         self.timeout_s = timeout_s
+        self.connection = connection_config(config)
         # A topic named in a metadata request must never be created by it: a subscribed topic that does not exist
         # yet is waited for, as Spark's Kafka source does.
-        self.admin = AdminClient({**connection_config(config), "allow.auto.create.topics": "false"})
+        self.admin = AdminClient({**self.connection, "allow.auto.create.topics": "false"})
         # Without it, a fresh client's first ListOffsets often waited out a retry timer (see
         # connect_to_a_known_broker); after one metadata request, none did (see also
         # options.CONNECTION_DEFAULTS).
@@ -279,18 +279,33 @@ class KafkaCluster:
     def group_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]],
                       require_stable: bool = True) -> dict[tuple[str, int], int]:
         """Committed offsets of a group; partitions without one are left out. With ``require_stable`` an offset that
-        an open transaction is committing is waited for; without it, the last committed one is read at once."""
-        request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(t, p) for t, p in partitions])
+        an open transaction is committing is waited for; without it, the last committed one is read at once.
 
-        def attempt(timeout_s: float):
-            futures = self.admin.list_consumer_group_offsets([request], require_stable=require_stable,
-                                                             request_timeout=timeout_s)
-            return self._wait(futures, "an OffsetFetch request", timeout_s)[group_id]
+        Asked by a consumer of the group that never joins it, not by the admin client: librdkafka's admin
+        ListConsumerGroupOffsets crashes the process (SIGSEGV) on a NOT_COORDINATOR answer, which a Kafka node gives
+        while it loads the group's coordinator, fresh or just restarted (confluentinc/librdkafka#5040); a consumer
+        looks the coordinator up again. Its isolation level is what asks for stable offsets (KIP-447)."""
+        wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+        if not wanted:
+            return {}
+        consumer = Consumer({**self.connection, "group.id": group_id, "enable.auto.commit": "false",
+                             "isolation.level": "read_committed" if require_stable else "read_uncommitted"})
 
-        result = self._until_deadline(attempt, "an OffsetFetch request")
-        if isinstance(result, Exception):
-            raise RuntimeError(f"reading committed offsets of group {group_id!r} failed: {result}")
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+        def attempt(timeout_s: float) -> list[TopicPartition]:
+            try:
+                return consumer.committed(wanted, timeout=timeout_s)
+            except KafkaException as exc:
+                if is_transient(exc):
+                    raise _Transient(exc.args[0]) from None
+                raise
+
+        try:
+            result = self._until_deadline(attempt, "an OffsetFetch request")
+        except KafkaException as exc:
+            raise RuntimeError(f"reading committed offsets of group {group_id!r} failed: {exc.args[0]}") from None
+        finally:
+            consumer.close()
+        return {(tp.topic, tp.partition): tp.offset for tp in result if tp.error is None and tp.offset >= 0}
 
     def group_ids(self) -> list[str]:
         """Every consumer group the cluster knows."""
