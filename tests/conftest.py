@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -51,15 +50,9 @@ def make_class_archives(config: pytest.Config) -> None:
     """The JVMs' class archives (support/class_archives.py), made when missing; the drivers told to map theirs
     through the environment every test process and every process of a test inherits. A missing archive costs only
     time: a warning says why, and tests/test_class_archives.py fails."""
-    makers = {"Spark's drivers": class_archives.make_spark_driver_archive}
-    for version in filter(apache_kafka.kafka_jars_cached, apache_kafka.tested_versions()):
-        makers[f"Apache Kafka {version}'s nodes"] = lambda version=version: class_archives.make_kafka_archive(version)
-    with ThreadPoolExecutor(len(makers)) as pool:
-        outcomes = {what: pool.submit(make) for what, make in makers.items()}
-    for what, outcome in outcomes.items():
-        if outcome.exception() is not None:
-            config.issue_config_time_warning(
-                pytest.PytestWarning(f"no class archive for {what}: {outcome.exception()}"), stacklevel=2)
+    problem = class_archives.make_missing(apache_kafka.tested_versions())
+    if problem is not None:
+        config.issue_config_time_warning(pytest.PytestWarning(f"class archives missing: {problem}"), stacklevel=2)
     os.environ[class_archives.DRIVER_OPTIONS_VARIABLE] = class_archives.driver_options()
 
 

@@ -66,3 +66,11 @@ def test_an_apache_kafka_node_maps_its_versions_archive(version: str, apache_kaf
     cluster = apache_kafka_nodes.node(version)
     assert cluster.class_archive.is_file(), "the run made no archive for this version: see tests/conftest.py's warnings"
     assert str(cluster.class_archive) in mapped_files(cluster.nodes[1].process.pid)
+
+
+def test_each_test_process_arms_failpoints_of_its_own() -> None:
+    """Making the archives imports nothing into the run's first process that sets the environment the test processes
+    inherit: with one failpoint directory for all, a failpoint armed by one test fired in another's query."""
+    from support.spark import FAILPOINT_DIR
+
+    assert FAILPOINT_DIR == Path(f"/tmp/sparkeos-failpoints-{os.getpid()}")

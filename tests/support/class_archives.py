@@ -5,7 +5,10 @@ test's own session, tests/support/pipeline_job.py, `sparkeos run`); the nodes ma
 of a driver or a node is followed by a start, and the suite starts hundreds.
 
 The drivers' archive holds what a driver of tests/support/pipeline_job.py loads up to its first batch: the job runs
-from the embedded broker to it, is stopped with SIGTERM, and its JVM writes the archive as it exits.
+from the embedded broker to it, is stopped with SIGTERM, and its JVM writes the archive as it exits. The archives are
+made by `python tests/support/class_archives.py VERSION...` (make_missing), a process of its own: what the test
+modules set in the environment as they are imported (support/spark.py's failpoint directory, one per test process)
+must not reach the test processes pytest-xdist starts.
 """
 
 from __future__ import annotations
@@ -13,18 +16,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyspark
 
 from sparkeos import apache_kafka, class_archives
-from sparkeos.broker import EmbeddedBroker
-from support.crash import STARTUP_TIMEOUT_S, Driver, pipeline_job_args, wait_until_no_tagged_processes
-from support.pipeline_job import BATCH_PREFIX
-from support.spark import create_topic, produce, unique, wait_for
 
 DRIVER_OPTIONS_VARIABLE = "SPARK_SUBMIT_OPTS"
+MAKE_TIMEOUT_S = 600
 
 
 def spark_driver_archive() -> Path:
@@ -36,6 +39,11 @@ def spark_driver_archive() -> Path:
 
 def make_spark_driver_archive() -> None:
     """Make the drivers' archive unless it exists; raises what kept it from being made."""
+    from sparkeos.broker import EmbeddedBroker
+    from support.crash import STARTUP_TIMEOUT_S, Driver, pipeline_job_args, wait_until_no_tagged_processes
+    from support.pipeline_job import BATCH_PREFIX
+    from support.spark import create_topic, produce, unique, wait_for
+
     archive = spark_driver_archive()
     if archive.is_file():
         return
@@ -77,7 +85,34 @@ def make_kafka_archive(version: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def make_missing(versions: list[str]) -> str | None:
+    """Make the drivers' archive and those of Apache Kafka ``versions`` (whose jars are cached) that are missing, in
+    a process of its own; what kept any from being made, or None."""
+    try:
+        done = subprocess.run([sys.executable, __file__, *versions], capture_output=True, text=True,
+                              timeout=MAKE_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    except subprocess.TimeoutExpired:
+        return f"making them took over {MAKE_TIMEOUT_S} s"
+    return None if done.returncode == 0 else (done.stdout + done.stderr)[-3000:]
+
+
+def main(versions: list[str]) -> int:
+    makers = {"Spark's drivers": make_spark_driver_archive}
+    for version in filter(apache_kafka.kafka_jars_cached, versions):
+        makers[f"Apache Kafka {version}'s nodes"] = lambda version=version: make_kafka_archive(version)
+    with ThreadPoolExecutor(len(makers)) as pool:
+        outcomes = {what: pool.submit(make) for what, make in makers.items()}
+    failed = {what: outcome.exception() for what, outcome in outcomes.items() if outcome.exception() is not None}
+    for what, error in failed.items():
+        print(f"no class archive for {what}: {error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def driver_options() -> str:
     """What SPARK_SUBMIT_OPTS should hold for the drivers to map their archive: the variable's own value too."""
     return " ".join([os.environ.get(DRIVER_OPTIONS_VARIABLE, ""),
                      *class_archives.use_options(spark_driver_archive())]).strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
